@@ -1,0 +1,59 @@
+# Estuary: build, run and test.
+# `make run` serves the static sample services; `make test` runs every test,
+# building the real test infrastructure (kube-apiserver, etcd, consul) first.
+
+GO        ?= go
+BIN       ?= bin
+ESTUARY   := $(BIN)/estuary
+CONFIG    ?= plugins.hcl
+GOFLAGS   += -buildvcs=false
+export GOFLAGS
+
+.PHONY: all build run test test-unit bench proto plugins lint testbed clean
+
+all: build
+
+build:
+	$(GO) build -o $(ESTUARY) ./host/cmd/estuary
+
+run: build
+	$(ESTUARY) run -config $(CONFIG)
+
+# testbed builds kube-apiserver, etcd and consul from the Go module proxy into
+# $$HOME/.cache/estuary (once per version); tests start them on loopback.
+testbed:
+	bash testbed/build.sh
+
+test: testbed
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...
+
+proto:
+	protoc --version
+	protoc -I proto \
+		--plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
+		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
+		--go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		proto/registry/v1/registry.proto
+
+# plugins builds each bundled plugin as a standalone binary, with SHA256SUMS
+# for the `sha256` attribute of an external plugin block.
+plugins:
+	mkdir -p $(BIN)/plugins
+	for p in static kubernetes consul serviceentry; do \
+		$(GO) build -o $(BIN)/plugins/estuary-plugin-$$p ./plugins/$$p/cmd/estuary-plugin-$$p || exit 1; \
+	done
+	$(GO) build -o $(BIN)/plugins/estuary-plugin-hello ./examples/plugin-hello
+	cd $(BIN)/plugins && sha256sum estuary-plugin-* > SHA256SUMS
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,321 @@
+// Package static is the registry of services, endpoints and gateways written
+// by hand inside the plugin's HCL `config { }` block. One plugin block is one
+// instance, with Provider "Static" and the block's `cluster` as Cluster; two
+// clusters take two blocks (`plugin "east" { bundled = "static" ... }`).
+package static
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Version of the plugin.
+const Version = "0.1.0"
+
+// Factory builds the plugin.
+func Factory(rt sdk.Runtime) sdk.Plugin { return &plugin{state: rt.State} }
+
+type plugin struct {
+	state *sdk.State
+	mu    sync.Mutex
+	id    sdk.InstanceID // current instance, zero before the first Configure
+}
+
+var _ sdk.Plugin = (*plugin)(nil)
+
+func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{
+		Name:         "static",
+		Version:      Version,
+		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityGateways},
+		ConfigSchema: schema,
+	}, nil
+}
+
+var endpointSchema = sdk.Schema{Attributes: []sdk.Attribute{
+	{Name: "address", Type: "string", Required: true, Description: "IP address (or DNS name for DNS resolution)"},
+	{Name: "ports", Type: "map(number)", Description: "service port name to target port"},
+	{Name: "labels", Type: "map(string)"},
+	{Name: "locality", Type: "string", Description: "region/zone/subzone"},
+	{Name: "weight", Type: "number"},
+	{Name: "tls_mode", Type: "string", Description: `"istio" or "disabled"`},
+	{Name: "network", Type: "string", Description: "overrides the registry's network"},
+	{Name: "service_account", Type: "string"},
+	{Name: "healthy", Type: "bool", Description: "false marks the endpoint unhealthy"},
+	{Name: "name", Type: "string", Description: "workload name, for debugging"},
+}}
+
+var schema = &sdk.Schema{
+	Attributes: []sdk.Attribute{
+		{Name: "cluster", Type: "string", Description: "the instance's cluster identity; defaults to mesh.cluster_id"},
+		{Name: "network", Type: "string", Description: "default network of the endpoints"},
+	},
+	Blocks: []sdk.Block{
+		{TypeName: "service", Labels: []string{"hostname"}, Body: sdk.Schema{
+			Attributes: []sdk.Attribute{
+				{Name: "namespace", Type: "string"},
+				{Name: "name", Type: "string", Description: "short name; defaults to the hostname's first label"},
+				{Name: "addresses", Type: "list(string)", Description: "virtual IPs in this cluster"},
+				{Name: "resolution", Type: "string", Description: "STATIC (default), NONE, DNS or DNS_ROUND_ROBIN"},
+				{Name: "mesh_external", Type: "bool"},
+				{Name: "labels", Type: "map(string)"},
+				{Name: "export_to", Type: "list(string)"},
+			},
+			Blocks: []sdk.Block{
+				{TypeName: "port", Labels: []string{"name"}, Body: sdk.Schema{Attributes: []sdk.Attribute{
+					{Name: "number", Type: "number", Required: true},
+					{Name: "protocol", Type: "string", Description: "HTTP, HTTP2, GRPC, TCP, TLS, ... (default TCP)"},
+				}}},
+				{TypeName: "endpoint", Body: endpointSchema},
+			},
+		}},
+		{TypeName: "gateway", Body: sdk.Schema{Attributes: []sdk.Attribute{
+			{Name: "network", Type: "string", Required: true},
+			{Name: "address", Type: "string", Required: true},
+			{Name: "port", Type: "number", Required: true},
+			{Name: "locality", Type: "string"},
+			{Name: "cluster", Type: "string", Description: "defaults to the registry's cluster"},
+		}}},
+	},
+}
+
+type config struct {
+	Cluster  *string         `json:"cluster"`
+	Network  *string         `json:"network"`
+	Services []serviceConfig `json:"service"`
+	Gateways []gatewayConfig `json:"gateway"`
+}
+
+type serviceConfig struct {
+	Hostname     string            `json:"hostname"`
+	Namespace    *string           `json:"namespace"`
+	Name         *string           `json:"name"`
+	Addresses    []string          `json:"addresses"`
+	Resolution   *string           `json:"resolution"`
+	MeshExternal *bool             `json:"mesh_external"`
+	Labels       map[string]string `json:"labels"`
+	ExportTo     []string          `json:"export_to"`
+	Ports        []portConfig      `json:"port"`
+	Endpoints    []endpointConfig  `json:"endpoint"`
+}
+
+type portConfig struct {
+	Name     string  `json:"name"`
+	Number   float64 `json:"number"`
+	Protocol *string `json:"protocol"`
+}
+
+type endpointConfig struct {
+	Address        string             `json:"address"`
+	Ports          map[string]float64 `json:"ports"`
+	Labels         map[string]string  `json:"labels"`
+	Locality       *string            `json:"locality"`
+	Weight         *float64           `json:"weight"`
+	TLSMode        *string            `json:"tls_mode"`
+	Network        *string            `json:"network"`
+	ServiceAccount *string            `json:"service_account"`
+	Healthy        *bool              `json:"healthy"`
+	Name           *string            `json:"name"`
+}
+
+type gatewayConfig struct {
+	Network  string  `json:"network"`
+	Address  string  `json:"address"`
+	Port     float64 `json:"port"`
+	Locality *string `json:"locality"`
+	Cluster  *string `json:"cluster"`
+}
+
+func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg config
+	if err := req.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("static: decode config: %w", err)
+	}
+	id, props, snap, diags := build(&cfg, req.Mesh)
+	if diags.HasErrors() {
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.id != (sdk.InstanceID{}) && p.id != id {
+		p.state.RemoveInstance(p.id)
+	}
+	p.id = id
+	p.state.SetInstance(id, props)
+	if err := p.state.ReplaceInstance(id, snap); err != nil {
+		return nil, fmt.Errorf("static: %w", err)
+	}
+	if err := p.state.SetHealth(id, true, ""); err != nil {
+		return nil, err
+	}
+	if err := p.state.MarkSynced(id); err != nil {
+		return nil, err
+	}
+	return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+}
+
+// build converts the config into one instance's snapshot, collecting every
+// problem with the path to its attribute.
+func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProperties, sdk.Snapshot, sdk.Diagnostics) {
+	var diags sdk.Diagnostics
+	cluster := deref(cfg.Cluster, mesh.ClusterID)
+	if cluster == "" {
+		diags.Errorf([]string{"cluster"}, "cluster must not be empty")
+	}
+	id := sdk.InstanceID{Provider: sdk.ProviderStatic, Cluster: cluster}
+	props := sdk.InstanceProperties{DefaultNetwork: deref(cfg.Network, mesh.Network)}
+	snap := sdk.Snapshot{Endpoints: map[string][]sdk.Endpoint{}}
+	seen := map[string]bool{}
+	for i, sc := range cfg.Services {
+		path := []string{"service", strconv.Itoa(i)}
+		if seen[sc.Hostname] {
+			diags.Errorf(path, "service %q is declared twice", sc.Hostname)
+			continue
+		}
+		seen[sc.Hostname] = true
+		svc, eps := buildService(&sc, cluster, path, &diags)
+		snap.Services = append(snap.Services, svc)
+		snap.Endpoints[svc.Hostname] = eps
+	}
+	for i, gc := range cfg.Gateways {
+		path := []string{"gateway", strconv.Itoa(i)}
+		port, ok := portNumber(gc.Port)
+		if !ok {
+			diags.Errorf(at(path, "port"), "gateway port %v is not between 1 and 65535", gc.Port)
+		}
+		if gc.Address == "" {
+			diags.Errorf(at(path, "address"), "gateway address must not be empty")
+		}
+		snap.Gateways = append(snap.Gateways, sdk.NetworkGateway{
+			Network: gc.Network, Cluster: deref(gc.Cluster, cluster), Address: gc.Address, Port: port,
+			Locality: sdk.ParseLocality(deref(gc.Locality, "")),
+		})
+	}
+	return id, props, snap, diags
+}
+
+func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.Diagnostics) (*sdk.Service, []sdk.Endpoint) {
+	if sc.Hostname == "" {
+		diags.Errorf(path, "service hostname must not be empty")
+	}
+	svc := &sdk.Service{
+		Hostname:     sc.Hostname,
+		Namespace:    deref(sc.Namespace, "default"),
+		Name:         deref(sc.Name, firstLabel(sc.Hostname)),
+		Labels:       sc.Labels,
+		MeshExternal: deref(sc.MeshExternal, false),
+		ExportTo:     sc.ExportTo,
+	}
+	if len(sc.Addresses) > 0 {
+		svc.VIPs = map[string][]string{cluster: sc.Addresses}
+	}
+	for j, a := range sc.Addresses {
+		if _, err := netip.ParseAddr(a); err != nil {
+			if _, err := netip.ParsePrefix(a); err != nil {
+				diags.Errorf(at(path, "addresses", strconv.Itoa(j)), "address %q is not an IP or CIDR", a)
+			}
+		}
+	}
+	if sc.Resolution != nil {
+		r, err := sdk.ParseResolution(*sc.Resolution)
+		if err != nil {
+			diags.Errorf(at(path, "resolution"), "%v", err)
+		}
+		svc.Resolution = r
+	}
+	portNames := map[string]bool{}
+	for j, pc := range sc.Ports {
+		n, ok := portNumber(pc.Number)
+		if !ok {
+			diags.Errorf(at(path, "port", strconv.Itoa(j), "number"), "port %q: number %v is not between 1 and 65535", pc.Name, pc.Number)
+		}
+		if portNames[pc.Name] {
+			diags.Errorf(at(path, "port", strconv.Itoa(j)), "port %q is declared twice", pc.Name)
+		}
+		portNames[pc.Name] = true
+		svc.Ports = append(svc.Ports, sdk.Port{Name: pc.Name, Number: n, Protocol: deref(pc.Protocol, "TCP")})
+	}
+	eps := make([]sdk.Endpoint, 0, len(sc.Endpoints))
+	for j, ec := range sc.Endpoints {
+		epath := at(path, "endpoint", strconv.Itoa(j))
+		eps = append(eps, buildEndpoint(&ec, svc, portNames, epath, diags))
+	}
+	return svc, eps
+}
+
+func buildEndpoint(ec *endpointConfig, svc *sdk.Service, portNames map[string]bool, path []string, diags *sdk.Diagnostics) sdk.Endpoint {
+	ep := sdk.Endpoint{
+		Address:        ec.Address,
+		Labels:         ec.Labels,
+		Network:        deref(ec.Network, ""),
+		Locality:       sdk.ParseLocality(deref(ec.Locality, "")),
+		ServiceAccount: deref(ec.ServiceAccount, ""),
+		WorkloadName:   deref(ec.Name, ""),
+	}
+	static := svc.Resolution == sdk.ResolutionStatic || svc.Resolution == sdk.ResolutionPassthrough
+	if _, err := netip.ParseAddr(ec.Address); err != nil && static {
+		diags.Errorf(at(path, "address"), "endpoint address %q is not an IP address (resolution %s)", ec.Address, svc.Resolution)
+	}
+	if len(ec.Ports) > 0 {
+		ep.TargetPorts = make(map[string]uint32, len(ec.Ports))
+	}
+	for name, n := range ec.Ports {
+		if !portNames[name] {
+			diags.Errorf(at(path, "ports"), "endpoint maps port %q, which service %q does not declare", name, svc.Hostname)
+		}
+		tp, ok := portNumber(n)
+		if !ok {
+			diags.Errorf(at(path, "ports"), "target port %v for %q is not between 1 and 65535", n, name)
+		}
+		ep.TargetPorts[name] = tp
+	}
+	if ec.Weight != nil {
+		if *ec.Weight < 0 || *ec.Weight > 1<<32-1 || *ec.Weight != float64(uint32(*ec.Weight)) {
+			diags.Errorf(at(path, "weight"), "weight %v is not a whole number between 0 and 4294967295", *ec.Weight)
+		}
+		ep.Weight = uint32(*ec.Weight)
+	}
+	if ec.TLSMode != nil {
+		m, err := sdk.ParseTLSMode(*ec.TLSMode)
+		if err != nil {
+			diags.Errorf(at(path, "tls_mode"), "%v", err)
+		}
+		ep.TLSMode = m
+	}
+	if ec.Healthy != nil && !*ec.Healthy {
+		ep.Health = sdk.HealthUnhealthy
+	}
+	return ep
+}
+
+func portNumber(f float64) (uint32, bool) {
+	if f < 1 || f > 65535 || f != float64(uint32(f)) {
+		return 0, false
+	}
+	return uint32(f), true
+}
+
+func firstLabel(host string) string {
+	for i := range len(host) {
+		if host[i] == '.' {
+			return host[:i]
+		}
+	}
+	return host
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// at returns path extended by more, never sharing path's backing array.
+func at(path []string, more ...string) []string { return slices.Concat(path, more) }

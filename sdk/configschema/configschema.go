@@ -1,0 +1,161 @@
+// Package configschema decodes a plugin's `config { }` block against the
+// schema the plugin declared, reporting every problem with its position. The
+// host uses it on plugins.hcl; sdk/sdktest uses it so plugin tests can write
+// their config as HCL.
+package configschema
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/ext/typeexpr"
+	"github.com/hashicorp/hcl/v2/hcldec"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+	ctyjson "github.com/zclconf/go-cty/cty/json"
+
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Spec turns a plugin schema into an hcldec spec. An error means the plugin
+// declared a schema that cannot be decoded (a bad type expression, a label
+// that collides with an attribute).
+func Spec(s *sdk.Schema) (hcldec.Spec, error) {
+	if s == nil {
+		return hcldec.ObjectSpec{}, nil
+	}
+	return objectSpec(s, nil)
+}
+
+func objectSpec(s *sdk.Schema, labels []string) (hcldec.ObjectSpec, error) {
+	spec := hcldec.ObjectSpec{}
+	for i, l := range labels {
+		spec[l] = &hcldec.BlockLabelSpec{Index: i, Name: l}
+	}
+	for _, a := range s.Attributes {
+		if _, dup := spec[a.Name]; dup {
+			return nil, fmt.Errorf("schema: %q is declared twice", a.Name)
+		}
+		ty, err := ParseType(a.Type)
+		if err != nil {
+			return nil, fmt.Errorf("schema: attribute %q: %w", a.Name, err)
+		}
+		spec[a.Name] = &hcldec.AttrSpec{Name: a.Name, Type: ty, Required: a.Required}
+	}
+	for _, b := range s.Blocks {
+		if _, dup := spec[b.TypeName]; dup {
+			return nil, fmt.Errorf("schema: %q is declared twice", b.TypeName)
+		}
+		nested, err := objectSpec(&b.Body, b.Labels)
+		if err != nil {
+			return nil, fmt.Errorf("block %q: %w", b.TypeName, err)
+		}
+		if b.Single {
+			spec[b.TypeName] = &hcldec.BlockListSpec{TypeName: b.TypeName, Nested: nested, MaxItems: 1}
+		} else {
+			spec[b.TypeName] = &hcldec.BlockListSpec{TypeName: b.TypeName, Nested: nested}
+		}
+	}
+	return spec, nil
+}
+
+// ParseType parses an HCL type expression such as "list(string)".
+func ParseType(s string) (cty.Type, error) {
+	if s == "" {
+		return cty.String, nil
+	}
+	expr, diags := hclsyntax.ParseExpression([]byte(s), "type", hcl.InitialPos)
+	if diags.HasErrors() {
+		return cty.NilType, fmt.Errorf("type %q: %s", s, diags.Error())
+	}
+	ty, diags := typeexpr.TypeConstraint(expr)
+	if diags.HasErrors() {
+		return cty.NilType, fmt.Errorf("type %q: %s", s, diags.Error())
+	}
+	return ty, nil
+}
+
+// Decode decodes body against schema and returns the JSON the plugin's
+// Configure receives. Diagnostics carry positions in the body's file.
+func Decode(body hcl.Body, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
+	spec, err := Spec(schema)
+	if err != nil {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin declared an invalid config schema", Detail: err.Error()}}
+	}
+	val, diags := hcldec.Decode(body, spec, nil)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	js, err := ctyjson.Marshal(val, val.Type())
+	if err != nil {
+		return nil, append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot encode config", Detail: err.Error()})
+	}
+	return js, diags
+}
+
+// ParseHCL parses src as a config block body and decodes it, for tests.
+func ParseHCL(filename string, src []byte, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
+	f, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return Decode(f.Body, schema)
+}
+
+// PathRange finds where path (as in sdk.Diagnostic.Path: block type names,
+// block indexes and attribute names) points inside body. It returns the
+// deepest range it can resolve, so a path into a missing attribute still
+// points at the enclosing block.
+func PathRange(body hcl.Body, path []string) hcl.Range {
+	sb, ok := body.(*hclsyntax.Body)
+	if !ok {
+		return body.MissingItemRange()
+	}
+	rng := sb.SrcRange
+	for i := 0; i < len(path); i++ {
+		name := path[i]
+		if a, ok := sb.Attributes[name]; ok {
+			return a.SrcRange
+		}
+		idx := 0
+		if i+1 < len(path) {
+			if n, err := strconv.Atoi(path[i+1]); err == nil {
+				idx = n
+				i++
+			}
+		}
+		var found *hclsyntax.Block
+		n := 0
+		for _, b := range sb.Blocks {
+			if b.Type == name {
+				if n == idx {
+					found = b
+					break
+				}
+				n++
+			}
+		}
+		if found == nil {
+			return rng
+		}
+		sb, rng = found.Body, found.DefRange()
+	}
+	return rng
+}
+
+// FromProto converts a schema received over the wire (Describe).
+func FromProto(p *registryv1.Schema) *sdk.Schema {
+	s := &sdk.Schema{}
+	for _, a := range p.GetAttributes() {
+		s.Attributes = append(s.Attributes, sdk.Attribute{Name: a.GetName(), Type: a.GetType(), Required: a.GetRequired(), Description: a.GetDescription()})
+	}
+	for _, b := range p.GetBlocks() {
+		s.Blocks = append(s.Blocks, sdk.Block{
+			TypeName: b.GetTypeName(), Labels: b.GetLabels(), Single: b.GetNesting() == registryv1.Nesting_NESTING_SINGLE,
+			Body: *FromProto(b.GetBody()), Description: b.GetDescription(),
+		})
+	}
+	return s
+}

@@ -1,0 +1,107 @@
+package sdk
+
+import (
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/sdk/internal/wire"
+)
+
+// Conversions between SDK types and the wire. Unexported: plugin authors
+// never see generated types.
+
+func (id InstanceID) toProto() *registryv1.InstanceID {
+	return &registryv1.InstanceID{Provider: id.Provider, Cluster: id.Cluster}
+}
+
+func (s *Service) toProto() *registryv1.Service {
+	ports := make([]*registryv1.Port, len(s.Ports))
+	for i, p := range s.Ports {
+		ports[i] = &registryv1.Port{Name: p.Name, Number: p.Number, Protocol: p.Protocol}
+	}
+	return &registryv1.Service{
+		Hostname:          s.Hostname,
+		Namespace:         s.Namespace,
+		Name:              s.Name,
+		Ports:             ports,
+		Vips:              wire.ClusterAddresses(s.VIPs),
+		ExternalAddresses: wire.ClusterAddresses(s.ExternalAddresses),
+		NodePorts:         wire.NodePorts(s.NodePorts),
+		Labels:            s.Labels,
+		Resolution:        registryv1.Resolution(s.Resolution),
+		MeshExternal:      s.MeshExternal,
+		ExportTo:          s.ExportTo,
+	}
+}
+
+func endpointsToProto(eps []Endpoint) []*registryv1.Endpoint {
+	out := make([]*registryv1.Endpoint, len(eps))
+	backing := make([]registryv1.Endpoint, len(eps))
+	for i := range eps {
+		e := &eps[i]
+		p := &backing[i]
+		p.Address = e.Address
+		p.TargetPorts = e.TargetPorts
+		p.Labels = e.Labels
+		p.Network = e.Network
+		p.Locality = e.Locality.String()
+		p.Weight = e.Weight
+		p.TlsMode = registryv1.TLSMode(e.TLSMode)
+		p.ServiceAccount = e.ServiceAccount
+		p.Health = registryv1.Health(e.Health)
+		p.WorkloadName = e.WorkloadName
+		out[i] = p
+	}
+	return out
+}
+
+func gatewaysToProto(gws []NetworkGateway) []*registryv1.NetworkGateway {
+	out := make([]*registryv1.NetworkGateway, len(gws))
+	for i, g := range gws {
+		out[i] = &registryv1.NetworkGateway{Network: g.Network, Cluster: g.Cluster, Address: g.Address, Port: g.Port, Locality: g.Locality.String()}
+	}
+	return out
+}
+
+func (e *event) toProto() *registryv1.Event {
+	pe := &registryv1.Event{Instance: e.id.toProto()}
+	switch e.kind {
+	case kindInstanceAdded:
+		pe.Kind = &registryv1.Event_InstanceAdded{InstanceAdded: &registryv1.InstanceAdded{Properties: &registryv1.InstanceProperties{
+			ClusterScoped:     e.props.ClusterScoped,
+			DefaultNetwork:    e.props.DefaultNetwork,
+			SyncTimeoutMillis: uint64(e.props.SyncTimeout.Milliseconds()),
+		}}}
+	case kindInstanceRemoved:
+		pe.Kind = &registryv1.Event_InstanceRemoved{InstanceRemoved: &registryv1.InstanceRemoved{}}
+	case kindServiceUpserted:
+		pe.Kind = &registryv1.Event_ServiceUpserted{ServiceUpserted: &registryv1.ServiceUpserted{Service: e.service.toProto()}}
+	case kindServiceDeleted:
+		pe.Kind = &registryv1.Event_ServiceDeleted{ServiceDeleted: &registryv1.ServiceDeleted{Hostname: e.hostname}}
+	case kindEndpointsReplaced:
+		pe.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: &registryv1.EndpointsReplaced{Hostname: e.hostname, Endpoints: endpointsToProto(e.endpoints)}}
+	case kindGatewaysReplaced:
+		pe.Kind = &registryv1.Event_GatewaysReplaced{GatewaysReplaced: &registryv1.GatewaysReplaced{Gateways: gatewaysToProto(e.gateways)}}
+	case kindInstanceSynced:
+		pe.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: &registryv1.InstanceSynced{}}
+	case kindInstanceHealth:
+		pe.Kind = &registryv1.Event_InstanceHealth{InstanceHealth: &registryv1.InstanceHealth{Healthy: e.healthy, Message: e.message}}
+	}
+	return pe
+}
+
+func schemaToProto(s *Schema) *registryv1.Schema {
+	if s == nil {
+		return nil
+	}
+	out := &registryv1.Schema{}
+	for _, a := range s.Attributes {
+		out.Attributes = append(out.Attributes, &registryv1.Attribute{Name: a.Name, Type: a.Type, Required: a.Required, Description: a.Description})
+	}
+	for _, b := range s.Blocks {
+		nesting := registryv1.Nesting_NESTING_LIST
+		if b.Single {
+			nesting = registryv1.Nesting_NESTING_SINGLE
+		}
+		out.Blocks = append(out.Blocks, &registryv1.Block{TypeName: b.TypeName, Labels: b.Labels, Nesting: nesting, Body: schemaToProto(&b.Body), Description: b.Description})
+	}
+	return out
+}

@@ -1,0 +1,19 @@
+// Package sdk is what a registry plugin author imports.
+//
+// A plugin implements [Plugin] (Describe and Configure) and publishes what it
+// knows into the [State] it is handed: services, endpoints and network
+// gateways, grouped into instances identified by Provider and Cluster. The
+// State turns "this is my current state" into the snapshot-then-deltas stream
+// the host expects, so a plugin never deals with sequence numbers, batching or
+// reconnects. [Serve] runs the plugin: handshake, protocol negotiation,
+// AutoMTLS and logging to the host.
+//
+// A minimal plugin:
+//
+//	func main() {
+//		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &hello{state: rt.State} })
+//	}
+//
+// Generated protocol types never appear in this package; see
+// proto/registry/v1 for the wire contract.
+package sdk

@@ -1,0 +1,126 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Plugin is what a registry plugin implements. State is published through
+// the [State] handed to the [Factory], not returned from methods.
+type Plugin interface {
+	// Describe returns the plugin's identity and config schema. It is called
+	// before Configure and must not depend on config.
+	Describe(ctx context.Context, req *DescribeRequest) (*DescribeResponse, error)
+	// Configure applies the decoded config block. It is called once after
+	// start and again on every reload; an error keeps the old config. A
+	// plugin starts its watches here (in goroutines of its own) and stops
+	// them when ctx of Runtime ends.
+	Configure(ctx context.Context, req *ConfigureRequest) (*ConfigureResponse, error)
+}
+
+// Factory builds a plugin. Bundled and external plugins share it: the host
+// binary keeps a map of Factories and re-executes itself to serve one.
+type Factory func(rt Runtime) Plugin
+
+// Runtime is what the SDK hands a plugin at start.
+type Runtime struct {
+	// Context ends when the plugin must shut down.
+	Context context.Context
+	// Logger writes hclog JSON to stderr; the host forwards it.
+	Logger hclog.Logger
+	// State receives the plugin's services, endpoints and gateways.
+	State *State
+}
+
+// Capability is an optional feature of a plugin.
+type Capability int
+
+const (
+	// CapabilityReconfigure: Configure may be called on a running plugin.
+	CapabilityReconfigure Capability = iota + 1
+	// CapabilityMultiInstance: the plugin may report several instances.
+	CapabilityMultiInstance
+	// CapabilityGateways: the plugin reports network gateways.
+	CapabilityGateways
+)
+
+// DescribeRequest is empty today; fields may be added.
+type DescribeRequest struct{}
+
+// DescribeResponse identifies the plugin.
+type DescribeResponse struct {
+	Name         string
+	Version      string
+	Capabilities []Capability
+	// ConfigSchema is the shape of the plugin's `config { }` block.
+	ConfigSchema *Schema
+}
+
+// ConfigureRequest carries the config block, decoded by the host against the
+// plugin's schema.
+type ConfigureRequest struct {
+	// ConfigJSON is the block as a JSON object: one member per attribute
+	// (null when unset), one array member per block type; a labelled block's
+	// labels appear as string members named after the schema's label names.
+	ConfigJSON []byte
+	// Mesh holds mesh-wide defaults from the host's `mesh { }` block.
+	Mesh MeshSettings
+}
+
+// Decode unmarshals ConfigJSON into v (a struct with json tags).
+func (r *ConfigureRequest) Decode(v any) error {
+	if len(r.ConfigJSON) == 0 {
+		return nil
+	}
+	return json.Unmarshal(r.ConfigJSON, v)
+}
+
+// MeshSettings are mesh-wide defaults.
+type MeshSettings struct {
+	DomainSuffix string
+	ClusterID    string
+	Network      string
+}
+
+// ConfigureResponse reports problems found in the config.
+type ConfigureResponse struct {
+	Diagnostics Diagnostics
+}
+
+// Severity of a diagnostic.
+type Severity int
+
+const (
+	SeverityError Severity = iota + 1
+	SeverityWarning
+)
+
+// Diagnostic is one problem in the config. Path leads from the config block
+// to the offending attribute, e.g. ["service", "0", "port", "1", "number"];
+// the host turns it into plugins.hcl:LINE:COL.
+type Diagnostic struct {
+	Severity Severity
+	Summary  string
+	Detail   string
+	Path     []string
+}
+
+// Diagnostics is a list of problems.
+type Diagnostics []Diagnostic
+
+// Errorf appends an error at path.
+func (d *Diagnostics) Errorf(path []string, format string, args ...any) {
+	*d = append(*d, Diagnostic{Severity: SeverityError, Summary: sprintf(format, args...), Path: path})
+}
+
+// HasErrors reports whether any diagnostic is an error.
+func (d Diagnostics) HasErrors() bool {
+	for _, x := range d {
+		if x.Severity == SeverityError {
+			return true
+		}
+	}
+	return false
+}

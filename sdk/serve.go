@@ -1,0 +1,276 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+)
+
+// ProtocolVersion is the registry protocol this SDK speaks. It is negotiated
+// through go-plugin and repeated in Describe.
+const ProtocolVersion = 1
+
+// PluginName is the go-plugin dispense name of the registry service.
+const PluginName = "registry"
+
+// Handshake is the go-plugin handshake shared by host and plugins. The magic
+// cookie only stops a user from running a plugin binary by hand; it is not a
+// security measure.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  ProtocolVersion,
+	MagicCookieKey:   "ESTUARY_PLUGIN_MAGIC_COOKIE",
+	MagicCookieValue: "8a3c0d5e-estuary-registry-plugin",
+}
+
+// MaxMessageBytes bounds one Watch response. A service with a few hundred
+// thousand endpoints still fits.
+const MaxMessageBytes = 256 << 20
+
+// batchCost is how many endpoints (roughly) one Watch response carries
+// before the SDK starts a new one.
+const batchCost = 4096
+
+// Serve runs a plugin built by f and returns when the host stops it. It sets
+// up the go-plugin handshake, protocol negotiation, AutoMTLS (when the host
+// asks for it) and an hclog JSON logger on stderr.
+func Serve(f Factory) {
+	logger := hclog.New(&hclog.LoggerOptions{
+		Level:      hclog.Trace,
+		Output:     os.Stderr,
+		JSONFormat: true,
+	})
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer cancel()
+	go exitWithParent(ctx, logger)
+	serve(ctx, f, logger, nil)
+}
+
+// ServeTest serves f in this process for tests: it returns the config a
+// go-plugin client reattaches with, and a channel closed when serving ends
+// (after the client kills the plugin or ctx ends).
+func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.ReattachConfig, <-chan struct{}, error) {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	reattach := make(chan *plugin.ReattachConfig, 1)
+	closed := make(chan struct{})
+	go serve(ctx, f, logger, &plugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed})
+	select {
+	case rc := <-reattach:
+		return rc, closed, nil
+	case <-time.After(10 * time.Second):
+		return nil, nil, fmt.Errorf("plugin did not start serving within 10s")
+	}
+}
+
+func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.ServeTestConfig) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	state := NewState()
+	impl := f(Runtime{Context: ctx, Logger: logger, State: state})
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: Handshake,
+		VersionedPlugins: map[int]plugin.PluginSet{
+			ProtocolVersion: {PluginName: &GRPCPlugin{Impl: impl, State: state, Context: ctx, Logger: logger}},
+		},
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			opts = append(opts,
+				grpc.ChainUnaryInterceptor(recoverUnary(logger)),
+				grpc.ChainStreamInterceptor(recoverStream(logger)),
+				grpc.MaxRecvMsgSize(MaxMessageBytes),
+				grpc.MaxSendMsgSize(MaxMessageBytes),
+			)
+			return grpc.NewServer(opts...)
+		},
+		Logger: logger,
+		Test:   test,
+	})
+}
+
+// exitWithParent ends the plugin when its host dies without stopping it
+// (for example, SIGKILL): the plugin is re-parented, so its parent PID changes.
+func exitWithParent(ctx context.Context, logger hclog.Logger) {
+	parent := os.Getppid()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if os.Getppid() != parent {
+				logger.Warn("host process is gone, exiting", "host_pid", parent)
+				os.Exit(3)
+			}
+		}
+	}
+}
+
+// GRPCPlugin is the go-plugin glue for the registry service. The host uses
+// its client side; Serve uses its server side.
+type GRPCPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	Impl    Plugin
+	State   *State
+	Context context.Context
+	Logger  hclog.Logger
+}
+
+var _ plugin.GRPCPlugin = (*GRPCPlugin)(nil)
+
+// GRPCServer registers the registry service.
+func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	registryv1.RegisterRegistryServer(s, &server{impl: p.Impl, state: p.State, ctx: p.Context})
+	return nil
+}
+
+// GRPCClient returns a registryv1.RegistryClient.
+func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return registryv1.NewRegistryClient(c), nil
+}
+
+type server struct {
+	registryv1.UnimplementedRegistryServer
+	impl  Plugin
+	state *State
+	ctx   context.Context
+}
+
+func (s *server) Describe(ctx context.Context, _ *registryv1.DescribeRequest) (*registryv1.DescribeResponse, error) {
+	d, err := s.impl.Describe(ctx, &DescribeRequest{})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &registryv1.DescribeResponse{
+		Name:            d.Name,
+		Version:         d.Version,
+		ProtocolVersion: ProtocolVersion,
+		ConfigSchema:    schemaToProto(d.ConfigSchema),
+	}
+	for _, c := range d.Capabilities {
+		out.Capabilities = append(out.Capabilities, registryv1.Capability(c))
+	}
+	return out, nil
+}
+
+func (s *server) Configure(ctx context.Context, req *registryv1.ConfigureRequest) (*registryv1.ConfigureResponse, error) {
+	m := req.GetMesh()
+	resp, err := s.impl.Configure(ctx, &ConfigureRequest{
+		ConfigJSON: req.GetConfigJson(),
+		Mesh:       MeshSettings{DomainSuffix: m.GetDomainSuffix(), ClusterID: m.GetClusterId(), Network: m.GetNetwork()},
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &registryv1.ConfigureResponse{}
+	if resp != nil {
+		for _, d := range resp.Diagnostics {
+			out.Diagnostics = append(out.Diagnostics, &registryv1.Diagnostic{
+				Severity: registryv1.Severity(d.Severity), Summary: d.Summary, Detail: d.Detail, Path: d.Path,
+			})
+		}
+	}
+	return out, nil
+}
+
+func (s *server) Watch(_ *registryv1.WatchRequest, stream grpc.ServerStreamingServer[registryv1.WatchResponse]) error {
+	return s.state.serveWatch(s.ctx, stream.Context(), stream.Send)
+}
+
+// serveWatch streams a snapshot and then deltas until either context ends.
+func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*registryv1.WatchResponse) error) error {
+	sub := st.subscribe()
+	defer st.unsubscribe(sub)
+	var seq uint64
+	snapshotSent := false
+	flush := func(events []event, snapshot, last bool) error {
+		resp := &registryv1.WatchResponse{Snapshot: snapshot}
+		cost := 0
+		for i := range events {
+			resp.Events = append(resp.Events, events[i].toProto())
+			cost += events[i].cost()
+			if cost >= batchCost && i < len(events)-1 {
+				seq++
+				resp.Sequence = seq
+				if err := send(resp); err != nil {
+					return err
+				}
+				resp, cost = &registryv1.WatchResponse{Snapshot: snapshot}, 0
+			}
+		}
+		if len(resp.Events) == 0 && !last {
+			return nil
+		}
+		seq++
+		resp.Sequence = seq
+		resp.SnapshotDone = last
+		return send(resp)
+	}
+	for {
+		select {
+		case <-sub.notify:
+		case <-streamCtx.Done():
+			return nil
+		case <-pluginCtx.Done():
+			return status.Error(codes.Unavailable, "plugin is shutting down")
+		}
+		events, snap := st.take(sub)
+		if !snapshotSent {
+			if err := flush(events[:snap], true, true); err != nil {
+				return err
+			}
+			snapshotSent = true
+			events = events[snap:]
+		}
+		if err := flush(events, false, false); err != nil {
+			return err
+		}
+	}
+}
+
+// toStatus keeps gRPC statuses and wraps anything else as Unknown.
+func toStatus(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Unknown, err.Error())
+}
+
+func recoverUnary(logger hclog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = panicStatus(logger, info.FullMethod, r)
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+func recoverStream(logger hclog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = panicStatus(logger, info.FullMethod, r)
+			}
+		}()
+		return handler(srv, ss)
+	}
+}
+
+func panicStatus(logger hclog.Logger, method string, r any) error {
+	logger.Error("plugin panicked", "method", method, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	return status.Errorf(codes.Internal, "plugin panicked in %s: %v", method, r)
+}

@@ -1,0 +1,237 @@
+package sdk
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// InstanceID identifies one instance inside a plugin: one Kubernetes cluster,
+// one Consul datacenter, one static registry.
+type InstanceID struct {
+	// Provider is the kind of registry: ProviderKubernetes, ProviderConsul, ...
+	Provider string
+	// Cluster is the instance's cluster identity.
+	Cluster string
+}
+
+// String renders the ID as "Provider/Cluster".
+func (id InstanceID) String() string { return id.Provider + "/" + id.Cluster }
+
+// Well-known providers. A third-party plugin uses a name of its own.
+const (
+	ProviderKubernetes   = "Kubernetes"
+	ProviderConsul       = "Consul"
+	ProviderServiceEntry = "ServiceEntry"
+	ProviderStatic       = "Static"
+)
+
+// InstanceProperties tell the host how to treat an instance, so the host
+// needs no provider-specific branches.
+type InstanceProperties struct {
+	// ClusterScoped instances belong to one cluster: a proxy that declares
+	// CLUSTER_ID is matched only against instances of that cluster.
+	ClusterScoped bool
+	// DefaultNetwork is the network of endpoints that carry none.
+	DefaultNetwork string
+	// SyncTimeout bounds how long readiness waits for the instance to sync;
+	// zero means the host's default.
+	SyncTimeout time.Duration
+}
+
+// Resolution says how clients resolve a service's endpoints.
+type Resolution int
+
+const (
+	// ResolutionStatic: endpoint addresses are IPs known to the registry.
+	ResolutionStatic Resolution = iota
+	// ResolutionPassthrough: forward to the original destination (Istio NONE).
+	ResolutionPassthrough
+	// ResolutionDNS: endpoint addresses are DNS names, all used (Istio DNS).
+	ResolutionDNS
+	// ResolutionDNSRoundRobin: DNS names, one used at a time.
+	ResolutionDNSRoundRobin
+)
+
+var resolutionNames = [...]string{"STATIC", "NONE", "DNS", "DNS_ROUND_ROBIN"}
+
+func (r Resolution) String() string {
+	if int(r) < len(resolutionNames) && r >= 0 {
+		return resolutionNames[r]
+	}
+	return fmt.Sprintf("Resolution(%d)", int(r))
+}
+
+// ParseResolution accepts Istio's spellings: STATIC, NONE, DNS,
+// DNS_ROUND_ROBIN (case-insensitive).
+func ParseResolution(s string) (Resolution, error) {
+	for i, n := range resolutionNames {
+		if strings.EqualFold(s, n) {
+			return Resolution(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown resolution %q (want one of %s)", s, strings.Join(resolutionNames[:], ", "))
+}
+
+// TLSMode says whether a workload accepts Istio mTLS.
+type TLSMode int
+
+const (
+	// TLSModeDisabled: the workload speaks plain text.
+	TLSModeDisabled TLSMode = iota
+	// TLSModeIstio: the workload accepts Istio mTLS
+	// (label security.istio.io/tlsMode=istio).
+	TLSModeIstio
+)
+
+func (m TLSMode) String() string {
+	if m == TLSModeIstio {
+		return "istio"
+	}
+	return "disabled"
+}
+
+// ParseTLSMode accepts "istio" and "disabled" (or empty).
+func ParseTLSMode(s string) (TLSMode, error) {
+	switch strings.ToLower(s) {
+	case "istio":
+		return TLSModeIstio, nil
+	case "", "disabled":
+		return TLSModeDisabled, nil
+	}
+	return 0, fmt.Errorf("unknown TLS mode %q (want \"istio\" or \"disabled\")", s)
+}
+
+// Health of an endpoint.
+type Health int
+
+const (
+	HealthHealthy Health = iota
+	HealthUnhealthy
+	HealthDraining
+)
+
+func (h Health) String() string {
+	switch h {
+	case HealthUnhealthy:
+		return "UNHEALTHY"
+	case HealthDraining:
+		return "DRAINING"
+	}
+	return "HEALTHY"
+}
+
+// Port is one port of a service.
+type Port struct {
+	// Name of the port, for example "http".
+	Name string
+	// Number clients connect to.
+	Number uint32
+	// Protocol in Istio's spelling: HTTP, HTTP2, GRPC, TCP, TLS, HTTPS, ...
+	Protocol string
+}
+
+// Service is a named set of ports reached at one hostname. Within an
+// instance, a service is keyed by its Hostname.
+type Service struct {
+	Hostname  string
+	Namespace string
+	Name      string
+	Ports     []Port
+	// VIPs are the virtual IPs per cluster ID.
+	VIPs map[string][]string
+	// ExternalAddresses per cluster ID: LoadBalancer ingress IPs or hostnames,
+	// externalIPs.
+	ExternalAddresses map[string][]string
+	// NodePorts per cluster ID: service port number to node port.
+	NodePorts    map[string]map[uint32]uint32
+	Labels       map[string]string
+	Resolution   Resolution
+	MeshExternal bool
+	// ExportTo lists namespaces the service is visible in: empty or "*" for
+	// all, "." for its own.
+	ExportTo []string
+}
+
+// Equal reports whether two services carry the same data.
+func (s *Service) Equal(o *Service) bool {
+	return s.Hostname == o.Hostname && s.Namespace == o.Namespace && s.Name == o.Name &&
+		slices.Equal(s.Ports, o.Ports) &&
+		maps.EqualFunc(s.VIPs, o.VIPs, slices.Equal) &&
+		maps.EqualFunc(s.ExternalAddresses, o.ExternalAddresses, slices.Equal) &&
+		maps.EqualFunc(s.NodePorts, o.NodePorts, maps.Equal) &&
+		maps.Equal(s.Labels, o.Labels) &&
+		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
+		slices.Equal(s.ExportTo, o.ExportTo)
+}
+
+// Locality is where a workload runs.
+type Locality struct {
+	Region, Zone, Subzone string
+}
+
+// ParseLocality parses "region/zone/subzone"; missing parts stay empty.
+func ParseLocality(s string) Locality {
+	var l Locality
+	parts := strings.SplitN(s, "/", 3)
+	l.Region = parts[0]
+	if len(parts) > 1 {
+		l.Zone = parts[1]
+	}
+	if len(parts) > 2 {
+		l.Subzone = parts[2]
+	}
+	return l
+}
+
+// String renders "region/zone/subzone", trimming empty trailing parts.
+func (l Locality) String() string {
+	switch {
+	case l.Subzone != "":
+		return l.Region + "/" + l.Zone + "/" + l.Subzone
+	case l.Zone != "":
+		return l.Region + "/" + l.Zone
+	}
+	return l.Region
+}
+
+// Endpoint is one address that serves a service.
+type Endpoint struct {
+	// Address is an IP, a DNS name (DNS resolution) or a "unix://" path.
+	Address string
+	// TargetPorts maps a service port name to the port the endpoint listens
+	// on; a port absent here is served on the service port's number.
+	TargetPorts map[string]uint32
+	Labels      map[string]string
+	// Network is the endpoint's own network; empty defers to the instance
+	// default and then to the host's networks config.
+	Network  string
+	Locality Locality
+	// Weight for load balancing; 0 means unset.
+	Weight         uint32
+	TLSMode        TLSMode
+	ServiceAccount string
+	Health         Health
+	// WorkloadName names the workload (pod, WorkloadEntry), for debugging.
+	WorkloadName string
+}
+
+// Equal reports whether two endpoints carry the same data.
+func (e *Endpoint) Equal(o *Endpoint) bool {
+	return e.Address == o.Address && e.Network == o.Network && e.Locality == o.Locality &&
+		e.Weight == o.Weight && e.TLSMode == o.TLSMode && e.ServiceAccount == o.ServiceAccount &&
+		e.Health == o.Health && e.WorkloadName == o.WorkloadName &&
+		maps.Equal(e.TargetPorts, o.TargetPorts) && maps.Equal(e.Labels, o.Labels)
+}
+
+// NetworkGateway is an east-west gateway into a network.
+type NetworkGateway struct {
+	Network string
+	Cluster string
+	// Address is an IP or a DNS name (resolved by the host).
+	Address  string
+	Port     uint32
+	Locality Locality
+}
