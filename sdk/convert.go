@@ -83,7 +83,11 @@ func (e *event) toProto() *registryv1.Event {
 	case kindInstanceSynced:
 		pe.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: &registryv1.InstanceSynced{}}
 	case kindInstanceHealth:
-		pe.Kind = &registryv1.Event_InstanceHealth{InstanceHealth: &registryv1.InstanceHealth{Healthy: e.healthy, Message: e.message}}
+		h := &registryv1.InstanceHealth{Healthy: e.health.Healthy, Message: e.health.Message}
+		for _, n := range e.health.Notices {
+			h.Notices = append(h.Notices, &registryv1.Notice{Subject: n.Subject, Message: n.Message})
+		}
+		pe.Kind = &registryv1.Event_InstanceHealth{InstanceHealth: h}
 	}
 	return pe
 }

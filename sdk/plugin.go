@@ -3,6 +3,8 @@ package sdk
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -123,4 +125,19 @@ func (d Diagnostics) HasErrors() bool {
 		}
 	}
 	return false
+}
+
+// Error renders the diagnostics, one per line, with their paths.
+func (d Diagnostics) Error() string {
+	var b []byte
+	for i, x := range d {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = fmt.Appendf(b, "%s: %s", strings.Join(x.Path, "."), x.Summary)
+		if x.Detail != "" {
+			b = fmt.Appendf(b, ": %s", x.Detail)
+		}
+	}
+	return string(b)
 }

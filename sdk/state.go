@@ -30,12 +30,7 @@ type instanceState struct {
 	endpoints map[string][]Endpoint
 	gateways  []NetworkGateway
 	synced    bool
-	health    *healthState
-}
-
-type healthState struct {
-	healthy bool
-	message string
+	health    *InstanceHealth
 }
 
 // NewState returns an empty State. Serve creates one for each plugin; tests
@@ -187,21 +182,21 @@ func (s *State) MarkSynced(id InstanceID) error {
 	return nil
 }
 
-// SetHealth reports whether the instance can reach its source. The message
-// is shown to operators: never put credentials in it.
-func (s *State) SetHealth(id InstanceID, healthy bool, message string) error {
+// SetHealth reports whether the instance can reach its source, and the
+// problems with single objects. It is shown to operators: never put
+// credentials in it.
+func (s *State) SetHealth(id InstanceID, h InstanceHealth) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in, err := s.instance(id)
 	if err != nil {
 		return err
 	}
-	h := &healthState{healthy: healthy, message: message}
-	if in.health != nil && *in.health == *h {
+	if in.health != nil && in.health.Equal(&h) {
 		return nil
 	}
-	in.health = h
-	s.emit(event{id: id, kind: kindInstanceHealth, healthy: healthy, message: message})
+	in.health = &h
+	s.emit(event{id: id, kind: kindInstanceHealth, health: &h})
 	return nil
 }
 
@@ -291,8 +286,7 @@ type event struct {
 	hostname  string
 	endpoints []Endpoint
 	gateways  []NetworkGateway
-	healthy   bool
-	message   string
+	health    *InstanceHealth
 }
 
 // cost approximates the size of an event, for batching.
@@ -354,7 +348,7 @@ func (s *State) subscribe() *subscriber {
 		in := s.instances[id]
 		sub.add(event{id: id, kind: kindInstanceAdded, props: in.props})
 		if in.health != nil {
-			sub.add(event{id: id, kind: kindInstanceHealth, healthy: in.health.healthy, message: in.health.message})
+			sub.add(event{id: id, kind: kindInstanceHealth, health: in.health})
 		}
 		hosts := slices.Sorted(maps.Keys(in.services))
 		for _, h := range hosts {

@@ -235,3 +235,28 @@ type NetworkGateway struct {
 	Port     uint32
 	Locality Locality
 }
+
+// InstanceHealth is an instance's connection to its source.
+type InstanceHealth struct {
+	// Healthy is false while the source cannot be reached or refuses access.
+	// The host keeps the last-known state either way.
+	Healthy bool
+	// Message says why, for operators.
+	Message string
+	// Notices list problems with single objects that did not stop the
+	// instance (a rejected object, a dropped gateway node).
+	Notices []Notice
+}
+
+// Notice is a problem with one object of an instance's source.
+type Notice struct {
+	// Subject names the object, e.g. "file se.yaml, document 2".
+	Subject string
+	// Message says what is wrong, with the field path where there is one.
+	Message string
+}
+
+// Equal reports whether two healths carry the same data.
+func (h *InstanceHealth) Equal(o *InstanceHealth) bool {
+	return h.Healthy == o.Healthy && h.Message == o.Message && slices.Equal(h.Notices, o.Notices)
+}

@@ -151,7 +151,7 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	if err := p.state.ReplaceInstance(id, snap); err != nil {
 		return nil, fmt.Errorf("static: %w", err)
 	}
-	if err := p.state.SetHealth(id, true, ""); err != nil {
+	if err := p.state.SetHealth(id, sdk.InstanceHealth{Healthy: true}); err != nil {
 		return nil, err
 	}
 	if err := p.state.MarkSynced(id); err != nil {

@@ -31,9 +31,8 @@ type Instance struct {
 	Endpoints  map[string][]sdk.Endpoint
 	Gateways   []sdk.NetworkGateway
 	Synced     bool
-	// Healthy is nil until the plugin reports health.
-	Healthy       *bool
-	HealthMessage string
+	// Health is nil until the plugin reports health.
+	Health *sdk.InstanceHealth
 }
 
 // NewReplica returns an empty replica.
@@ -124,8 +123,11 @@ func (r *Replica) applyEvent(ev *registryv1.Event) error {
 	case *registryv1.Event_InstanceSynced:
 		in.Synced = true
 	case *registryv1.Event_InstanceHealth:
-		h := k.InstanceHealth.GetHealthy()
-		in.Healthy, in.HealthMessage = &h, k.InstanceHealth.GetMessage()
+		h := &sdk.InstanceHealth{Healthy: k.InstanceHealth.GetHealthy(), Message: k.InstanceHealth.GetMessage()}
+		for _, n := range k.InstanceHealth.GetNotices() {
+			h.Notices = append(h.Notices, sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()})
+		}
+		in.Health = h
 	default:
 		return fmt.Errorf("event of unknown kind %T", ev.GetKind())
 	}
@@ -175,8 +177,8 @@ func (r *Replica) String() string {
 			n += len(eps)
 		}
 		health := "unknown"
-		if in.Healthy != nil {
-			health = fmt.Sprintf("%v (%s)", *in.Healthy, in.HealthMessage)
+		if in.Health != nil {
+			health = fmt.Sprintf("%v (%s, %d notices)", in.Health.Healthy, in.Health.Message, len(in.Health.Notices))
 		}
 		fmt.Fprintf(&b, "  %s: %d services, %d endpoints, %d gateways, synced %v, healthy %s\n",
 			id, len(in.Services), n, len(in.Gateways), in.Synced, health)

@@ -61,34 +61,36 @@ func Run(t *testing.T, s Suite) {
 	if s.Mesh.DomainSuffix == "" {
 		s.Mesh = sdk.MeshSettings{DomainSuffix: "cluster.local", ClusterID: "Kubernetes"}
 	}
-	h := start(t, s)
-	defer h.kill()
+	h := Start(t, s.Factory)
+	defer h.Kill()
 
-	desc := h.describe(t)
+	desc := h.Describe(t)
 	cfg := decode(t, s.Config, desc.ConfigSchema)
-	h.configure(t, cfg, s.Mesh)
+	if diags := h.configure(t, cfg, s.Mesh); diags.HasErrors() {
+		t.Fatalf("Configure rejected the config: %v", diags)
+	}
 
-	w1 := h.watch(t)
-	w1.waitFor(t, s.SyncTimeout, "every instance synced", allSynced)
+	w1 := h.Watch(t)
+	w1.WaitFor(t, s.SyncTimeout, "every instance synced", AllSynced)
 	if s.Check != nil {
-		w1.with(func(r *Replica) { s.Check(t, r) })
+		w1.With(func(r *Replica) { s.Check(t, r) })
 	}
 	if s.Change != nil {
 		s.Change(t)
-		w1.waitFor(t, s.SyncTimeout, "the change", s.Changed)
+		w1.WaitFor(t, s.SyncTimeout, "the change", s.Changed)
 	}
 
 	// Deltas must have built what a fresh snapshot says.
-	w2 := h.watch(t)
-	w2.waitFor(t, s.SyncTimeout, "second stream's snapshot", func(r *Replica) bool { return r.SnapshotDone })
-	w1.with(func(r1 *Replica) {
-		w2.with(func(r2 *Replica) {
+	w2 := h.Watch(t)
+	w2.WaitFor(t, s.SyncTimeout, "second stream's snapshot", func(r *Replica) bool { return r.SnapshotDone })
+	w1.With(func(r1 *Replica) {
+		w2.With(func(r2 *Replica) {
 			if diff := r1.Diff(r2); diff != "" {
 				t.Errorf("state built from deltas differs from a new snapshot:\n%s", diff)
 			}
 		})
 	})
-	w2.stop()
+	w2.Stop()
 
 	// Reconfigure on a running plugin.
 	recfg := cfg
@@ -98,23 +100,26 @@ func Run(t *testing.T, s Suite) {
 	if !hasCapability(desc, registryv1.Capability_CAPABILITY_RECONFIGURE) {
 		t.Errorf("Describe: plugin lacks CAPABILITY_RECONFIGURE; the host would restart it on every config change")
 	}
-	h.configure(t, recfg, s.Mesh)
-	w1.waitFor(t, s.SyncTimeout, "every instance synced after reconfigure", allSynced)
+	if diags := h.configure(t, recfg, s.Mesh); diags.HasErrors() {
+		t.Fatalf("Configure rejected the new config: %v", diags)
+	}
+	w1.WaitFor(t, s.SyncTimeout, "every instance synced after reconfigure", AllSynced)
 
 	// Clean shutdown.
-	h.kill()
+	h.Kill()
 	select {
 	case <-h.closed:
 	case <-time.After(5 * time.Second):
 		t.Errorf("plugin did not stop within 5s of being killed")
 	}
 	w1.waitEnded(t, 5*time.Second)
-	if err := w1.violation(); err != nil {
+	if err := w1.Err(); err != nil {
 		t.Errorf("stream 1: %v", err)
 	}
 }
 
-func allSynced(r *Replica) bool {
+// AllSynced reports whether the snapshot is done and every instance synced.
+func AllSynced(r *Replica) bool {
 	if !r.SnapshotDone || len(r.Instances) == 0 {
 		return false
 	}
@@ -135,8 +140,9 @@ func hasCapability(d *registryv1.DescribeResponse, c registryv1.Capability) bool
 	return false
 }
 
-// harness is one plugin served in-process, reached through go-plugin.
-type harness struct {
+// Harness is one plugin served in-process, reached through go-plugin. Plugin
+// tests use it to drive a plugin beyond the fixed suite.
+type Harness struct {
 	client *plugin.Client
 	rpc    registryv1.RegistryClient
 	closed <-chan struct{}
@@ -144,11 +150,12 @@ type harness struct {
 	once   sync.Once
 }
 
-func start(t *testing.T, s Suite) *harness {
+// Start serves the plugin built by f. It is killed when the test ends.
+func Start(t testing.TB, f sdk.Factory) *Harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logger := hclog.New(&hclog.LoggerOptions{Name: "plugin", Level: hclog.Warn, Output: testWriter{t}})
-	rc, closed, err := sdk.ServeTest(ctx, s.Factory, logger)
+	rc, closed, err := sdk.ServeTest(ctx, f, logger)
 	if err != nil {
 		cancel()
 		t.Fatalf("serve plugin: %v", err)
@@ -172,17 +179,21 @@ func start(t *testing.T, s Suite) *harness {
 		cancel()
 		t.Fatalf("dispense %q: %v", sdk.PluginName, err)
 	}
-	return &harness{client: client, rpc: raw.(registryv1.RegistryClient), closed: closed, cancel: cancel}
+	h := &Harness{client: client, rpc: raw.(registryv1.RegistryClient), closed: closed, cancel: cancel}
+	t.Cleanup(h.Kill)
+	return h
 }
 
-func (h *harness) kill() {
+// Kill stops the plugin as the host does.
+func (h *Harness) Kill() {
 	h.once.Do(func() {
 		h.client.Kill()
 		h.cancel()
 	})
 }
 
-func (h *harness) describe(t *testing.T) *registryv1.DescribeResponse {
+// Describe calls Describe and checks the identity it returns.
+func (h *Harness) Describe(t testing.TB) *registryv1.DescribeResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -202,7 +213,23 @@ func (h *harness) describe(t *testing.T) *registryv1.DescribeResponse {
 	return d
 }
 
-func (h *harness) configure(t *testing.T, cfg []byte, mesh sdk.MeshSettings) {
+// Configure decodes config (HCL) against the plugin's schema and applies it,
+// failing the test on any error.
+func (h *Harness) Configure(t testing.TB, config string, mesh sdk.MeshSettings) {
+	t.Helper()
+	if diags := h.TryConfigure(t, config, mesh); diags.HasErrors() {
+		t.Fatalf("Configure rejected the config: %v", diags)
+	}
+}
+
+// TryConfigure applies config and returns the plugin's diagnostics.
+func (h *Harness) TryConfigure(t testing.TB, config string, mesh sdk.MeshSettings) sdk.Diagnostics {
+	t.Helper()
+	cfg := decode(t, config, h.Describe(t).GetConfigSchema())
+	return h.configure(t, cfg, mesh)
+}
+
+func (h *Harness) configure(t testing.TB, cfg []byte, mesh sdk.MeshSettings) sdk.Diagnostics {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -213,14 +240,14 @@ func (h *harness) configure(t *testing.T, cfg []byte, mesh sdk.MeshSettings) {
 	if err != nil {
 		t.Fatalf("Configure: %v", err)
 	}
+	var diags sdk.Diagnostics
 	for _, d := range resp.GetDiagnostics() {
-		if d.GetSeverity() == registryv1.Severity_SEVERITY_ERROR {
-			t.Fatalf("Configure rejected the config: %s: %s (at %s)", d.GetSummary(), d.GetDetail(), strings.Join(d.GetPath(), "."))
-		}
+		diags = append(diags, sdk.Diagnostic{Severity: sdk.Severity(d.GetSeverity()), Summary: d.GetSummary(), Detail: d.GetDetail(), Path: d.GetPath()})
 	}
+	return diags
 }
 
-func decode(t *testing.T, src string, schema *registryv1.Schema) []byte {
+func decode(t testing.TB, src string, schema *registryv1.Schema) []byte {
 	t.Helper()
 	js, diags := configschema.ParseHCL("config.hcl", []byte(src), configschema.FromProto(schema))
 	if diags.HasErrors() {
@@ -229,8 +256,8 @@ func decode(t *testing.T, src string, schema *registryv1.Schema) []byte {
 	return js
 }
 
-// watcher consumes one Watch stream into a Replica, checking the protocol.
-type watcher struct {
+// Watcher consumes one Watch stream into a Replica, checking the protocol.
+type Watcher struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	replica *Replica
@@ -239,7 +266,8 @@ type watcher struct {
 	cancel  context.CancelFunc
 }
 
-func (h *harness) watch(t *testing.T) *watcher {
+// Watch opens a Watch stream; it is closed when the test ends.
+func (h *Harness) Watch(t testing.TB) *Watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := h.rpc.Watch(ctx, &registryv1.WatchRequest{})
@@ -247,16 +275,17 @@ func (h *harness) watch(t *testing.T) *watcher {
 		cancel()
 		t.Fatalf("Watch: %v", err)
 	}
-	w := &watcher{replica: NewReplica(), cancel: cancel}
+	w := &Watcher{replica: NewReplica(), cancel: cancel}
 	w.cond = sync.NewCond(&w.mu)
 	go w.run(stream)
-	t.Cleanup(w.stop)
+	t.Cleanup(w.Stop)
 	return w
 }
 
-func (w *watcher) stop() { w.cancel() }
+// Stop closes the stream.
+func (w *Watcher) Stop() { w.cancel() }
 
-func (w *watcher) run(stream grpc.ServerStreamingClient[registryv1.WatchResponse]) {
+func (w *Watcher) run(stream grpc.ServerStreamingClient[registryv1.WatchResponse]) {
 	for {
 		resp, err := stream.Recv()
 		w.mu.Lock()
@@ -277,19 +306,23 @@ func (w *watcher) run(stream grpc.ServerStreamingClient[registryv1.WatchResponse
 	}
 }
 
-func (w *watcher) with(f func(*Replica)) {
+// With runs f on the replica under the watcher's lock.
+func (w *Watcher) With(f func(*Replica)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	f(w.replica)
 }
 
-func (w *watcher) violation() error {
+// Err returns the first protocol violation seen on the stream.
+func (w *Watcher) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.err
 }
 
-func (w *watcher) waitFor(t *testing.T, timeout time.Duration, what string, ok func(*Replica) bool) {
+// WaitFor blocks until ok holds for the replica, failing the test after
+// timeout or on a protocol violation.
+func (w *Watcher) WaitFor(t testing.TB, timeout time.Duration, what string, ok func(*Replica) bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
@@ -313,7 +346,7 @@ func (w *watcher) waitFor(t *testing.T, timeout time.Duration, what string, ok f
 	}
 }
 
-func (w *watcher) waitEnded(t *testing.T, timeout time.Duration) {
+func (w *Watcher) waitEnded(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
 	defer timer.Stop()

@@ -1688,7 +1688,11 @@ type InstanceHealth struct {
 	// The host keeps the last-known state either way.
 	Healthy bool `protobuf:"varint,1,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// message says why, for operators. It never contains credentials.
-	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// notices list problems with single objects that did not stop the instance
+	// (a rejected ServiceEntry, a gateway node that was dropped), for
+	// /debug/registryz. The full list is sent each time.
+	Notices       []*Notice `protobuf:"bytes,3,rep,name=notices,proto3" json:"notices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1737,6 +1741,69 @@ func (x *InstanceHealth) GetMessage() string {
 	return ""
 }
 
+func (x *InstanceHealth) GetNotices() []*Notice {
+	if x != nil {
+		return x.Notices
+	}
+	return nil
+}
+
+// Notice is a problem with one object of an instance's source.
+type Notice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// subject names the object, for example "file se.yaml, document 2" or
+	// "Service istio-system/istio-eastwestgateway".
+	Subject string `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	// message says what is wrong, with the field path where there is one.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Notice) Reset() {
+	*x = Notice{}
+	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Notice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Notice) ProtoMessage() {}
+
+func (x *Notice) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Notice.ProtoReflect.Descriptor instead.
+func (*Notice) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Notice) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Notice) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // Service is a named set of ports reached at one hostname.
 type Service struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1773,7 +1840,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1852,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1865,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Service) GetHostname() string {
@@ -1893,7 +1960,7 @@ type Port struct {
 
 func (x *Port) Reset() {
 	*x = Port{}
-	mi := &file_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +1972,7 @@ func (x *Port) String() string {
 func (*Port) ProtoMessage() {}
 
 func (x *Port) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +1985,7 @@ func (x *Port) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Port.ProtoReflect.Descriptor instead.
 func (*Port) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Port) GetName() string {
@@ -1955,7 +2022,7 @@ type ClusterAddresses struct {
 
 func (x *ClusterAddresses) Reset() {
 	*x = ClusterAddresses{}
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2034,7 @@ func (x *ClusterAddresses) String() string {
 func (*ClusterAddresses) ProtoMessage() {}
 
 func (x *ClusterAddresses) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2047,7 @@ func (x *ClusterAddresses) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAddresses.ProtoReflect.Descriptor instead.
 func (*ClusterAddresses) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ClusterAddresses) GetCluster() string {
@@ -2010,7 +2077,7 @@ type ClusterNodePorts struct {
 
 func (x *ClusterNodePorts) Reset() {
 	*x = ClusterNodePorts{}
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2089,7 @@ func (x *ClusterNodePorts) String() string {
 func (*ClusterNodePorts) ProtoMessage() {}
 
 func (x *ClusterNodePorts) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2102,7 @@ func (x *ClusterNodePorts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNodePorts.ProtoReflect.Descriptor instead.
 func (*ClusterNodePorts) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClusterNodePorts) GetCluster() string {
@@ -2086,7 +2153,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2165,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2178,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Endpoint) GetAddress() string {
@@ -2204,7 +2271,7 @@ type NetworkGateway struct {
 
 func (x *NetworkGateway) Reset() {
 	*x = NetworkGateway{}
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2283,7 @@ func (x *NetworkGateway) String() string {
 func (*NetworkGateway) ProtoMessage() {}
 
 func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2296,7 @@ func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkGateway.ProtoReflect.Descriptor instead.
 func (*NetworkGateway) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NetworkGateway) GetNetwork() string {
@@ -2351,9 +2418,13 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\tendpoints\x18\x02 \x03(\v2\x1d.estuary.registry.v1.EndpointR\tendpoints\"S\n" +
 	"\x10GatewaysReplaced\x12?\n" +
 	"\bgateways\x18\x01 \x03(\v2#.estuary.registry.v1.NetworkGatewayR\bgateways\"\x10\n" +
-	"\x0eInstanceSynced\"D\n" +
+	"\x0eInstanceSynced\"{\n" +
 	"\x0eInstanceHealth\x12\x18\n" +
 	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x125\n" +
+	"\anotices\x18\x03 \x03(\v2\x1b.estuary.registry.v1.NoticeR\anotices\"<\n" +
+	"\x06Notice\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xdf\x04\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
@@ -2457,7 +2528,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Capability)(0),            // 0: estuary.registry.v1.Capability
 	(Nesting)(0),               // 1: estuary.registry.v1.Nesting
@@ -2487,16 +2558,17 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*GatewaysReplaced)(nil),   // 25: estuary.registry.v1.GatewaysReplaced
 	(*InstanceSynced)(nil),     // 26: estuary.registry.v1.InstanceSynced
 	(*InstanceHealth)(nil),     // 27: estuary.registry.v1.InstanceHealth
-	(*Service)(nil),            // 28: estuary.registry.v1.Service
-	(*Port)(nil),               // 29: estuary.registry.v1.Port
-	(*ClusterAddresses)(nil),   // 30: estuary.registry.v1.ClusterAddresses
-	(*ClusterNodePorts)(nil),   // 31: estuary.registry.v1.ClusterNodePorts
-	(*Endpoint)(nil),           // 32: estuary.registry.v1.Endpoint
-	(*NetworkGateway)(nil),     // 33: estuary.registry.v1.NetworkGateway
-	nil,                        // 34: estuary.registry.v1.Service.LabelsEntry
-	nil,                        // 35: estuary.registry.v1.ClusterNodePorts.PortsEntry
-	nil,                        // 36: estuary.registry.v1.Endpoint.TargetPortsEntry
-	nil,                        // 37: estuary.registry.v1.Endpoint.LabelsEntry
+	(*Notice)(nil),             // 28: estuary.registry.v1.Notice
+	(*Service)(nil),            // 29: estuary.registry.v1.Service
+	(*Port)(nil),               // 30: estuary.registry.v1.Port
+	(*ClusterAddresses)(nil),   // 31: estuary.registry.v1.ClusterAddresses
+	(*ClusterNodePorts)(nil),   // 32: estuary.registry.v1.ClusterNodePorts
+	(*Endpoint)(nil),           // 33: estuary.registry.v1.Endpoint
+	(*NetworkGateway)(nil),     // 34: estuary.registry.v1.NetworkGateway
+	nil,                        // 35: estuary.registry.v1.Service.LabelsEntry
+	nil,                        // 36: estuary.registry.v1.ClusterNodePorts.PortsEntry
+	nil,                        // 37: estuary.registry.v1.Endpoint.TargetPortsEntry
+	nil,                        // 38: estuary.registry.v1.Endpoint.LabelsEntry
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: estuary.registry.v1.DescribeResponse.capabilities:type_name -> estuary.registry.v1.Capability
@@ -2519,31 +2591,32 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	26, // 17: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
 	27, // 18: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
 	20, // 19: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
-	28, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
-	32, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
-	33, // 22: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
-	29, // 23: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
-	30, // 24: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
-	30, // 25: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
-	31, // 26: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
-	34, // 27: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
-	3,  // 28: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
-	35, // 29: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
-	36, // 30: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
-	37, // 31: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
-	4,  // 32: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
-	5,  // 33: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
-	6,  // 34: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
-	11, // 35: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
-	15, // 36: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
-	7,  // 37: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
-	13, // 38: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
-	16, // 39: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
-	37, // [37:40] is the sub-list for method output_type
-	34, // [34:37] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	29, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
+	33, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
+	34, // 22: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
+	28, // 23: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
+	30, // 24: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
+	31, // 25: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
+	31, // 26: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
+	32, // 27: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
+	35, // 28: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
+	3,  // 29: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
+	36, // 30: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
+	37, // 31: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
+	38, // 32: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
+	4,  // 33: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
+	5,  // 34: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
+	6,  // 35: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
+	11, // 36: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
+	15, // 37: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
+	7,  // 38: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
+	13, // 39: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
+	16, // 40: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
+	38, // [38:41] is the sub-list for method output_type
+	35, // [35:38] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -2567,7 +2640,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
