@@ -8,7 +8,7 @@ import (
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
-	"github.com/estuary-mesh/estuary/sdk/internal/wire"
+	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
 
 // Replica is what a host would hold after applying a Watch stream, in SDK
@@ -86,16 +86,15 @@ func (r *Replica) applyEvent(ev *registryv1.Event) error {
 	}
 	switch k := ev.GetKind().(type) {
 	case *registryv1.Event_InstanceAdded:
-		p := k.InstanceAdded.GetProperties()
 		if in == nil {
 			in = &Instance{Services: map[string]*sdk.Service{}, Endpoints: map[string][]sdk.Endpoint{}}
 			r.Instances[id] = in
 		}
-		in.Properties = sdk.InstanceProperties{ClusterScoped: p.GetClusterScoped(), DefaultNetwork: p.GetDefaultNetwork()}
+		in.Properties = protoconv.Properties(k.InstanceAdded.GetProperties())
 	case *registryv1.Event_InstanceRemoved:
 		delete(r.Instances, id)
 	case *registryv1.Event_ServiceUpserted:
-		svc := ServiceFromProto(k.ServiceUpserted.GetService())
+		svc := protoconv.Service(k.ServiceUpserted.GetService())
 		if svc.Hostname == "" {
 			return fmt.Errorf("service without hostname in %s", id)
 		}
@@ -110,24 +109,18 @@ func (r *Replica) applyEvent(ev *registryv1.Event) error {
 		}
 		eps := make([]sdk.Endpoint, len(k.EndpointsReplaced.GetEndpoints()))
 		for i, e := range k.EndpointsReplaced.GetEndpoints() {
-			eps[i] = EndpointFromProto(e)
+			eps[i] = protoconv.Endpoint(e)
 		}
 		in.Endpoints[h] = eps
 	case *registryv1.Event_GatewaysReplaced:
 		in.Gateways = nil
 		for _, g := range k.GatewaysReplaced.GetGateways() {
-			in.Gateways = append(in.Gateways, sdk.NetworkGateway{
-				Network: g.GetNetwork(), Cluster: g.GetCluster(), Address: g.GetAddress(), Port: g.GetPort(), Locality: sdk.ParseLocality(g.GetLocality()),
-			})
+			in.Gateways = append(in.Gateways, protoconv.Gateway(g))
 		}
 	case *registryv1.Event_InstanceSynced:
 		in.Synced = true
 	case *registryv1.Event_InstanceHealth:
-		h := &sdk.InstanceHealth{Healthy: k.InstanceHealth.GetHealthy(), Message: k.InstanceHealth.GetMessage()}
-		for _, n := range k.InstanceHealth.GetNotices() {
-			h.Notices = append(h.Notices, sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()})
-		}
-		in.Health = h
+		in.Health = protoconv.Health(k.InstanceHealth)
 	default:
 		return fmt.Errorf("event of unknown kind %T", ev.GetKind())
 	}
@@ -206,40 +199,4 @@ func unionKeys[V any](a, b map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// ServiceFromProto converts a wire service into the SDK type.
-func ServiceFromProto(p *registryv1.Service) *sdk.Service {
-	s := &sdk.Service{
-		Hostname:          p.GetHostname(),
-		Namespace:         p.GetNamespace(),
-		Name:              p.GetName(),
-		VIPs:              wire.ClusterAddressesMap(p.GetVips()),
-		ExternalAddresses: wire.ClusterAddressesMap(p.GetExternalAddresses()),
-		NodePorts:         wire.NodePortsMap(p.GetNodePorts()),
-		Labels:            p.GetLabels(),
-		Resolution:        sdk.Resolution(p.GetResolution()),
-		MeshExternal:      p.GetMeshExternal(),
-		ExportTo:          p.GetExportTo(),
-	}
-	for _, pp := range p.GetPorts() {
-		s.Ports = append(s.Ports, sdk.Port{Name: pp.GetName(), Number: pp.GetNumber(), Protocol: pp.GetProtocol()})
-	}
-	return s
-}
-
-// EndpointFromProto converts a wire endpoint into the SDK type.
-func EndpointFromProto(p *registryv1.Endpoint) sdk.Endpoint {
-	return sdk.Endpoint{
-		Address:        p.GetAddress(),
-		TargetPorts:    p.GetTargetPorts(),
-		Labels:         p.GetLabels(),
-		Network:        p.GetNetwork(),
-		Locality:       sdk.ParseLocality(p.GetLocality()),
-		Weight:         p.GetWeight(),
-		TLSMode:        sdk.TLSMode(p.GetTlsMode()),
-		ServiceAccount: p.GetServiceAccount(),
-		Health:         sdk.Health(p.GetHealth()),
-		WorkloadName:   p.GetWorkloadName(),
-	}
 }

@@ -1,0 +1,353 @@
+// Package aggregate merges every registry instance into one view of the
+// mesh. Instances are ordered as their plugins are in plugins.hcl, and by
+// first appearance within a plugin.
+//
+// Services with the same hostname merge into one: attributes (namespace,
+// ports, resolution, ...) come from the first instance in order; VIPs,
+// external addresses and node ports are kept per cluster from every
+// instance; endpoints are the union over all instances, each keeping its
+// instance. When instances disagree on attributes the first wins and the
+// conflict is recorded. Nothing here depends on which provider an instance
+// has: what differs between providers is data on the instance.
+package aggregate
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Service is a merged service.
+type Service struct {
+	// Service holds the attributes of the first instance that has the
+	// hostname, with VIPs, external addresses and node ports merged per
+	// cluster over all instances.
+	*sdk.Service
+	// Instances are the instances that report the service, in order.
+	Instances []registry.InstanceKey
+	// Conflicts records where later instances disagree with the first.
+	Conflicts []Conflict
+}
+
+// Conflict is a disagreement between instances about a service.
+type Conflict struct {
+	Hostname string               `json:"hostname"`
+	Field    string               `json:"field"`
+	Winner   registry.InstanceKey `json:"winner"`
+	Loser    registry.InstanceKey `json:"loser"`
+	Detail   string               `json:"detail"`
+}
+
+// EndpointSource is one instance's endpoints of a service.
+type EndpointSource struct {
+	Instance   *registry.Instance
+	Properties sdk.InstanceProperties
+	Set        *registry.EndpointSet
+}
+
+// Registry is the aggregate view over a registry.Store.
+type Registry struct {
+	store *registry.Store
+
+	mu     sync.Mutex
+	merged map[string]*Service // cache; a missing entry is recomputed
+	gen    uint64              // bumped on every invalidation
+
+	subsMu sync.Mutex
+	subs   []func(registry.Change)
+
+	conflicts prometheus.Gauge
+}
+
+// New builds the aggregate over store and follows its changes.
+func New(store *registry.Store, reg prometheus.Registerer) *Registry {
+	r := &Registry{
+		store:  store,
+		merged: map[string]*Service{},
+		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "estuary_aggregate_conflicts",
+			Help: "Attribute conflicts between instances that report the same hostname (the first instance wins).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(r.conflicts)
+	}
+	store.Subscribe(r.onChange)
+	return r
+}
+
+// Subscribe registers fn for every change, after the aggregate's own view
+// has been updated.
+func (r *Registry) Subscribe(fn func(registry.Change)) {
+	r.subsMu.Lock()
+	defer r.subsMu.Unlock()
+	r.subs = append(r.subs, fn)
+}
+
+func (r *Registry) onChange(c registry.Change) {
+	r.mu.Lock()
+	r.gen++
+	if c.Full {
+		clear(r.merged)
+	} else {
+		for h, attrs := range c.Services {
+			if attrs {
+				delete(r.merged, h)
+			}
+		}
+	}
+	r.mu.Unlock()
+	r.subsMu.Lock()
+	subs := slices.Clone(r.subs)
+	r.subsMu.Unlock()
+	for _, fn := range subs {
+		fn(c)
+	}
+}
+
+// Store returns the underlying replica.
+func (r *Registry) Store() *registry.Store { return r.store }
+
+// Services returns every merged service, sorted by hostname.
+func (r *Registry) Services() []*Service {
+	instances := r.store.Instances()
+	hosts := map[string]struct{}{}
+	for _, in := range instances {
+		for _, h := range in.Hostnames() {
+			hosts[h] = struct{}{}
+		}
+	}
+	out := make([]*Service, 0, len(hosts))
+	for _, h := range slices.Sorted(maps.Keys(hosts)) {
+		if s := r.service(h, instances); s != nil {
+			out = append(out, s)
+		}
+	}
+	n := 0
+	for _, s := range out {
+		n += len(s.Conflicts)
+	}
+	r.conflicts.Set(float64(n))
+	return out
+}
+
+// GetService returns the merged service with the hostname, or nil.
+func (r *Registry) GetService(hostname string) *Service {
+	return r.service(hostname, nil)
+}
+
+func (r *Registry) service(hostname string, instances []*registry.Instance) *Service {
+	r.mu.Lock()
+	s, ok := r.merged[hostname]
+	gen := r.gen
+	r.mu.Unlock()
+	if ok {
+		return s
+	}
+	if instances == nil {
+		instances = r.store.Instances()
+	}
+	s = merge(hostname, instances)
+	if s != nil {
+		r.mu.Lock()
+		// A change that arrived while merging may have made s stale.
+		if r.gen == gen {
+			r.merged[hostname] = s
+		}
+		r.mu.Unlock()
+	}
+	return s
+}
+
+func merge(hostname string, instances []*registry.Instance) *Service {
+	var out *Service
+	for _, in := range instances {
+		svc := in.Service(hostname)
+		if svc == nil {
+			continue
+		}
+		if out == nil {
+			cp := *svc
+			cp.VIPs = cloneAddrs(svc.VIPs)
+			cp.ExternalAddresses = cloneAddrs(svc.ExternalAddresses)
+			cp.NodePorts = maps.Clone(svc.NodePorts)
+			out = &Service{Service: &cp, Instances: []registry.InstanceKey{in.Key}}
+			continue
+		}
+		out.Instances = append(out.Instances, in.Key)
+		winner := out.Instances[0]
+		conflict := func(field, detail string) {
+			out.Conflicts = append(out.Conflicts, Conflict{Hostname: hostname, Field: field, Winner: winner, Loser: in.Key, Detail: detail})
+		}
+		if !slices.Equal(out.Ports, svc.Ports) {
+			conflict("ports", fmt.Sprintf("%v kept, %v ignored", out.Ports, svc.Ports))
+		}
+		if out.Namespace != svc.Namespace {
+			conflict("namespace", fmt.Sprintf("%q kept, %q ignored", out.Namespace, svc.Namespace))
+		}
+		if out.Resolution != svc.Resolution {
+			conflict("resolution", fmt.Sprintf("%s kept, %s ignored", out.Resolution, svc.Resolution))
+		}
+		if out.MeshExternal != svc.MeshExternal {
+			conflict("mesh_external", fmt.Sprintf("%v kept, %v ignored", out.MeshExternal, svc.MeshExternal))
+		}
+		mergeAddrs(&out.VIPs, svc.VIPs)
+		mergeAddrs(&out.ExternalAddresses, svc.ExternalAddresses)
+		for c, ports := range svc.NodePorts {
+			if out.NodePorts == nil {
+				out.NodePorts = map[string]map[uint32]uint32{}
+			}
+			if _, ok := out.NodePorts[c]; !ok {
+				out.NodePorts[c] = ports
+			}
+		}
+	}
+	return out
+}
+
+func cloneAddrs(m map[string][]string) map[string][]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(m))
+	for k, v := range m {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// mergeAddrs adds the per-cluster addresses of src to dst, keeping order
+// and dropping repeats.
+func mergeAddrs(dst *map[string][]string, src map[string][]string) {
+	for c, addrs := range src {
+		if *dst == nil {
+			*dst = map[string][]string{}
+		}
+		for _, a := range addrs {
+			if !slices.Contains((*dst)[c], a) {
+				(*dst)[c] = append((*dst)[c], a)
+			}
+		}
+	}
+}
+
+// EndpointSources returns each instance's endpoints of a service, in order.
+// The sets are immutable; callers must not modify them.
+func (r *Registry) EndpointSources(hostname string) []EndpointSource {
+	var out []EndpointSource
+	for _, in := range r.store.Instances() {
+		if set := in.Endpoints(hostname); set.Len() > 0 {
+			out = append(out, EndpointSource{Instance: in, Properties: in.Properties(), Set: set})
+		}
+	}
+	return out
+}
+
+// ServiceEndpoint is one endpoint of one service port.
+type ServiceEndpoint struct {
+	Instance registry.InstanceKey
+	Endpoint *registry.Endpoint
+	// Port is the port the endpoint listens on for the service port.
+	Port uint32
+}
+
+// Endpoints returns the endpoints of a service port whose labels include
+// every label in selector (nil selects all).
+func (r *Registry) Endpoints(hostname string, port uint32, selector map[string]string) []ServiceEndpoint {
+	svc := r.GetService(hostname)
+	if svc == nil {
+		return nil
+	}
+	sp, ok := findPort(svc.Ports, port)
+	if !ok {
+		return nil
+	}
+	var out []ServiceEndpoint
+	for _, src := range r.EndpointSources(hostname) {
+		for i := range src.Set.Endpoints {
+			e := &src.Set.Endpoints[i]
+			if Selects(selector, e.Labels) {
+				out = append(out, ServiceEndpoint{Instance: src.Instance.Key, Endpoint: e, Port: e.TargetPort(sp)})
+			}
+		}
+	}
+	return out
+}
+
+// Selects reports whether labels carry every key and value of selector.
+func Selects(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if lv, ok := labels[k]; !ok || lv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func findPort(ports []sdk.Port, number uint32) (sdk.Port, bool) {
+	for _, p := range ports {
+		if p.Number == number {
+			return p, true
+		}
+	}
+	return sdk.Port{}, false
+}
+
+// ServiceInstance is a service port served by a proxy's workload.
+type ServiceInstance struct {
+	Hostname string
+	Port     sdk.Port
+	Instance registry.InstanceKey
+	Endpoint *registry.Endpoint
+}
+
+// ServiceInstances returns the service ports served at any of the proxy's
+// IPs. When clusterID is set, instances scoped to another cluster are not
+// searched; instances that are not cluster scoped always are.
+func (r *Registry) ServiceInstances(ips []string, clusterID string) []ServiceInstance {
+	var out []ServiceInstance
+	for _, in := range r.store.Instances() {
+		if clusterID != "" && in.Properties().ClusterScoped && in.Key.Cluster != clusterID {
+			continue
+		}
+		hosts := in.Hostnames()
+		slices.Sort(hosts)
+		for _, h := range hosts {
+			set := in.Endpoints(h)
+			if set.Len() == 0 {
+				continue
+			}
+			svc := in.Service(h)
+			for i := range set.Endpoints {
+				e := &set.Endpoints[i]
+				if !slices.Contains(ips, e.Address) {
+					continue
+				}
+				for _, p := range svc.Ports {
+					out = append(out, ServiceInstance{Hostname: h, Port: p, Instance: in.Key, Endpoint: e})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// NetworkGateways returns the gateways every instance reports, in instance
+// order, without repeats.
+func (r *Registry) NetworkGateways() []sdk.NetworkGateway {
+	var out []sdk.NetworkGateway
+	for _, in := range r.store.Instances() {
+		for _, g := range in.Gateways() {
+			if !slices.Contains(out, g) {
+				out = append(out, g)
+			}
+		}
+	}
+	return out
+}

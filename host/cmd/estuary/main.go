@@ -1,0 +1,71 @@
+// Command estuary is the Estuary control plane: a plugin host that merges
+// service registries and serves them over xDS.
+//
+//	estuary run -config plugins.hcl        run the host
+//	estuary validate -config plugins.hcl   check a file without starting anything
+//	estuary plugins [-config plugins.hcl]  list bundled and configured plugins
+//	estuary plugin NAME                    (hidden) serve a bundled plugin
+package main
+
+import (
+	"fmt"
+	"os"
+
+	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
+	"github.com/estuary-mesh/estuary/plugins/bundled"
+)
+
+// Version of the estuary binary.
+var Version = "0.1.0-dev"
+
+var catalog = hostplugin.Catalog(bundled.Factories)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		usage()
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return runHost(rest)
+	case "validate":
+		return validate(rest)
+	case "plugins":
+		return listPlugins(rest)
+	case "plugin":
+		if len(rest) != 1 {
+			fmt.Fprintln(os.Stderr, "usage: estuary plugin NAME (started by the host, not by hand)")
+			return 2
+		}
+		if err := catalog.Serve(rest[0]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	case "version":
+		fmt.Println(Version)
+		return 0
+	case "-h", "-help", "--help", "help":
+		usage()
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "estuary: unknown command %q\n", cmd)
+	usage()
+	return 2
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage: estuary COMMAND [flags]
+
+commands:
+  run -config FILE         run the control plane
+  validate -config FILE    check a configuration without starting anything
+  plugins [-config FILE]   list bundled and configured plugins
+  version                  print the version
+`)
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/estuary-mesh/estuary/host/admin"
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/config"
+	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
+	"github.com/estuary-mesh/estuary/host/registry"
+)
+
+func runHost(args []string) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	path := fs.String("config", "plugins.hcl", "configuration file")
+	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	jsonLogs := fs.Bool("log-json", false, "log JSON lines")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: os.Stderr})
+
+	file, diags := load(*path)
+	if diags.HasErrors() {
+		fmt.Fprint(os.Stderr, config.Format(diags))
+		return 1
+	}
+	self, err := os.Executable()
+	if err != nil {
+		logger.Error("cannot find the estuary executable to run bundled plugins", "error", err)
+		return 1
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	store := registry.NewStore(reg)
+	agg := aggregate.New(store, reg)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sup := hostplugin.NewSupervisor(ctx, hostplugin.Options{Self: self}, logger, store, reg)
+	adm := admin.New(logger, reg, agg, sup)
+
+	var mu sync.Mutex
+	current := file
+	adm.Config = func() any {
+		mu.Lock()
+		defer mu.Unlock()
+		return effectiveConfig(current)
+	}
+
+	adminAddr, err := adm.Listen(file.Admin.Listen)
+	if err != nil {
+		logger.Error("cannot start the admin server", "error", err)
+		return 1
+	}
+	for _, d := range sup.Apply(file) {
+		logger.Warn("plugin config", "problem", d.Error())
+	}
+	fmt.Fprintf(os.Stderr, "estuary %s: admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
+		Version, adminAddr, len(file.Plugins))
+
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	for sig := range signals {
+		if sig == syscall.SIGHUP {
+			logger.Info("SIGHUP: reloading", "config", *path)
+			next, diags := load(*path)
+			if diags.HasErrors() {
+				logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
+				continue
+			}
+			if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
+				logger.Warn("listen addresses change only on restart")
+			}
+			if d := sup.Apply(next); d.HasErrors() {
+				logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
+			}
+			mu.Lock()
+			current = next
+			mu.Unlock()
+			logger.Info("reload applied", "plugins", len(next.Plugins))
+			continue
+		}
+		logger.Info("shutting down", "signal", sig.String())
+		break
+	}
+	signal.Stop(signals)
+	done := make(chan struct{})
+	go func() {
+		sup.Stop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		logger.Warn("plugins did not stop within 10s")
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	_ = adm.Shutdown(sctx)
+	return 0
+}
+
+// effectiveConfig is /debug/configz: the file as the host understood it,
+// with defaults filled in and each plugin's decoded config block.
+func effectiveConfig(f *config.File) any {
+	type pluginView struct {
+		*config.Plugin
+		Config any `json:"config"`
+	}
+	plugins := make([]pluginView, 0, len(f.Plugins))
+	for _, p := range f.Plugins {
+		plugins = append(plugins, pluginView{Plugin: p, Config: rawJSON(p.ConfigJSON)})
+	}
+	return map[string]any{
+		"file":    f.Filename,
+		"mesh":    f.Mesh,
+		"xds":     f.XDS,
+		"admin":   f.Admin,
+		"plugins": plugins,
+	}
+}

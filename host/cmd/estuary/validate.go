@@ -1,0 +1,114 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// load reads and fully validates a config file: HCL, host blocks, bundled
+// plugin config blocks against their schemas, external binaries' hashes.
+func load(path string) (*config.File, hcl.Diagnostics) {
+	f, diags := config.Load(path, catalog.Names())
+	if f != nil && !diags.HasErrors() {
+		diags = append(diags, catalog.Validate(f)...)
+	}
+	return f, diags
+}
+
+func validate(args []string) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	path := fs.String("config", "plugins.hcl", "configuration file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	f, diags := load(*path)
+	if len(diags) > 0 {
+		fmt.Fprint(os.Stderr, config.Format(diags))
+	}
+	if diags.HasErrors() {
+		fmt.Fprintf(os.Stderr, "%s: %d error(s)\n", *path, countErrors(diags))
+		return 1
+	}
+	external := 0
+	for _, p := range f.Plugins {
+		if p.External() {
+			external++
+		}
+	}
+	fmt.Printf("%s: valid (%d plugins", *path, len(f.Plugins))
+	if external > 0 {
+		fmt.Printf("; config blocks of %d external plugins are checked when they start", external)
+	}
+	fmt.Println(")")
+	return 0
+}
+
+func countErrors(diags hcl.Diagnostics) int {
+	n := 0
+	for _, d := range diags {
+		if d.Severity == hcl.DiagError {
+			n++
+		}
+	}
+	return n
+}
+
+func listPlugins(args []string) int {
+	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
+	path := fs.String("config", "", "also list the plugins this configuration runs")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BUNDLED\tVERSION\tPROTOCOL\tCAPABILITIES")
+	for _, name := range catalog.Names() {
+		d, err := catalog.Describe(name)
+		if err != nil {
+			fmt.Fprintf(tw, "%s\terror: %v\t\t\n", name, err)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%v\n", name, d.Version, sdk.ProtocolVersion, capabilityNames(d.Capabilities))
+	}
+	tw.Flush()
+	if *path == "" {
+		return 0
+	}
+	f, diags := config.Load(*path, catalog.Names())
+	if diags.HasErrors() {
+		fmt.Fprint(os.Stderr, config.Format(diags))
+		return 1
+	}
+	fmt.Println()
+	tw = tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONFIGURED\tRUNS\tVERSION\tPROTOCOL")
+	for _, p := range f.Plugins {
+		if p.External() {
+			fmt.Fprintf(tw, "%s\t%s (sha256 %.12s…)\t(reported at start, see /debug/pluginz)\t\n", p.Label, p.Path, p.SHA256)
+			continue
+		}
+		d, err := catalog.Describe(p.Bundled)
+		if err != nil {
+			fmt.Fprintf(tw, "%s\tbundled %s\terror: %v\t\n", p.Label, p.Bundled, err)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\tbundled %s\t%s\t%d\n", p.Label, p.Bundled, d.Version, sdk.ProtocolVersion)
+	}
+	tw.Flush()
+	return 0
+}
+
+func capabilityNames(cs []sdk.Capability) []string {
+	names := map[sdk.Capability]string{sdk.CapabilityReconfigure: "reconfigure", sdk.CapabilityMultiInstance: "multi-instance", sdk.CapabilityGateways: "gateways"}
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, names[c])
+	}
+	return out
+}

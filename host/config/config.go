@@ -1,0 +1,448 @@
+// Package config reads plugins.hcl, the host's configuration file.
+//
+//	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = "" }
+//	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s" }
+//	admin   { listen = "127.0.0.1:15014" }
+//	plugin "LABEL" {
+//	  bundled = "consul"          # or: path = "/opt/p"  sha256 = "..."
+//	  args    = []  env = {}  sync_timeout = "30s"
+//	  config { ... }              # decoded against the plugin's own schema
+//	}
+//	networks { ... }              # see host/network
+//
+// Every problem is reported at once, each with file, line and column.
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclparse"
+
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
+)
+
+// Defaults.
+const (
+	DefaultXDSListen     = "127.0.0.1:15010"
+	DefaultAdminListen   = "127.0.0.1:15014"
+	DefaultDomainSuffix  = "cluster.local"
+	DefaultClusterID     = "Kubernetes"
+	DefaultDebounceAfter = 100 * time.Millisecond
+	DefaultDebounceMax   = 10 * time.Second
+	DefaultSyncTimeout   = 30 * time.Second
+)
+
+// File is a decoded plugins.hcl.
+type File struct {
+	// Filename as given to Load.
+	Filename string
+	Mesh     Mesh
+	XDS      XDS
+	Admin    Admin
+	Plugins  []*Plugin
+	// Networks is the body of the networks block, nil when absent. The
+	// network manager decodes it.
+	Networks hcl.Body
+	// Source is the file's content, for /debug/configz.
+	Source []byte
+}
+
+// Mesh holds mesh-wide settings that plugins default to.
+type Mesh struct {
+	DomainSuffix string `json:"domain_suffix"`
+	ClusterID    string `json:"cluster_id"`
+	Network      string `json:"network"`
+}
+
+// Settings converts the mesh block for plugins.
+func (m Mesh) Settings() sdk.MeshSettings {
+	return sdk.MeshSettings{DomainSuffix: m.DomainSuffix, ClusterID: m.ClusterID, Network: m.Network}
+}
+
+// XDS configures the xDS server.
+type XDS struct {
+	Listen        string        `json:"listen"`
+	DebounceAfter time.Duration `json:"debounce_after"`
+	DebounceMax   time.Duration `json:"debounce_max"`
+}
+
+// Admin configures the admin HTTP server.
+type Admin struct {
+	Listen string `json:"listen"`
+}
+
+// Plugin is one plugin block.
+type Plugin struct {
+	// Label names the plugin in logs and debug views, and keys its instances.
+	Label string `json:"label"`
+	// Bundled names the bundled plugin that runs; empty for external ones.
+	Bundled string `json:"bundled,omitempty"`
+	// Path and SHA256 locate an external plugin binary.
+	Path        string            `json:"path,omitempty"`
+	SHA256      string            `json:"sha256,omitempty"`
+	Args        []string          `json:"args,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	SyncTimeout time.Duration     `json:"sync_timeout"`
+	// Config is the body of the config block (an empty body when absent).
+	Config hcl.Body `json:"-"`
+	// ConfigJSON is Config decoded against the plugin's schema, set by
+	// DecodePluginConfigs.
+	ConfigJSON []byte `json:"config,omitempty"`
+	// DeclRange is where the block starts.
+	DeclRange hcl.Range `json:"-"`
+	// PathRange and SHA256Range point at those attributes.
+	PathRange, SHA256Range hcl.Range `json:"-"`
+}
+
+// External reports whether the plugin is a binary of its own.
+func (p *Plugin) External() bool { return p.Path != "" }
+
+// Same reports whether two plugin blocks run the same thing the same way,
+// so a reload needs no restart (the config block may still differ).
+func (p *Plugin) Same(o *Plugin) bool {
+	return p.Bundled == o.Bundled && p.Path == o.Path && p.SHA256 == o.SHA256 &&
+		strings.Join(p.Args, "\x00") == strings.Join(o.Args, "\x00") && fmt.Sprint(p.Env) == fmt.Sprint(o.Env)
+}
+
+var rootSchema = &hcl.BodySchema{
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: "mesh"}, {Type: "xds"}, {Type: "admin"}, {Type: "networks"},
+		{Type: "plugin", LabelNames: []string{"name"}},
+	},
+}
+
+type meshBlock struct {
+	DomainSuffix *string `hcl:"domain_suffix,optional"`
+	ClusterID    *string `hcl:"cluster_id,optional"`
+	Network      *string `hcl:"network,optional"`
+}
+
+type xdsBlock struct {
+	Listen        *string `hcl:"listen,optional"`
+	DebounceAfter *string `hcl:"debounce_after,optional"`
+	DebounceMax   *string `hcl:"debounce_max,optional"`
+}
+
+type adminBlock struct {
+	Listen *string `hcl:"listen,optional"`
+}
+
+var pluginSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "bundled"}, {Name: "path"}, {Name: "sha256"}, {Name: "args"}, {Name: "env"}, {Name: "sync_timeout"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "config"}},
+}
+
+// Load reads and validates a plugins.hcl file. Bundled plugin names are
+// checked against bundled; plugin config blocks are not decoded here (see
+// DecodePluginConfigs), since their schemas come from the plugins.
+func Load(filename string, bundled []string) (*File, hcl.Diagnostics) {
+	src, err := os.ReadFile(filename)
+	if err != nil {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read configuration", Detail: err.Error()}}
+	}
+	return Parse(filename, src, bundled)
+}
+
+// Parse is Load for content already read.
+func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostics) {
+	parser := hclparse.NewParser()
+	f, diags := parser.ParseHCL(src, filename)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	out := &File{
+		Filename: filename,
+		Source:   src,
+		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID},
+		XDS:      XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax},
+		Admin:    Admin{Listen: DefaultAdminListen},
+	}
+	content, d := f.Body.Content(rootSchema)
+	diags = append(diags, d...)
+	seen := map[string]*hcl.Block{}
+	labels := map[string]*hcl.Block{}
+	for _, b := range content.Blocks {
+		if b.Type != "plugin" {
+			if prev, dup := seen[b.Type]; dup {
+				diags = append(diags, &hcl.Diagnostic{
+					Severity: hcl.DiagError, Summary: fmt.Sprintf("Duplicate %s block", b.Type),
+					Detail:  fmt.Sprintf("A %s block was already declared at %s.", b.Type, prev.DefRange),
+					Subject: b.DefRange.Ptr(),
+				})
+				continue
+			}
+			seen[b.Type] = b
+		}
+		switch b.Type {
+		case "mesh":
+			diags = append(diags, decodeMesh(b, &out.Mesh)...)
+		case "xds":
+			diags = append(diags, decodeXDS(b, &out.XDS)...)
+		case "admin":
+			var ab adminBlock
+			diags = append(diags, gohcl.DecodeBody(b.Body, nil, &ab)...)
+			if ab.Listen != nil {
+				out.Admin.Listen = *ab.Listen
+				diags = append(diags, checkListen(*ab.Listen, attrRange(b.Body, "listen"))...)
+			}
+		case "networks":
+			out.Networks = b.Body
+		case "plugin":
+			label := b.Labels[0]
+			if prev, dup := labels[label]; dup {
+				diags = append(diags, &hcl.Diagnostic{
+					Severity: hcl.DiagError, Summary: "Duplicate plugin name",
+					Detail:  fmt.Sprintf("A plugin named %q was already declared at %s. Give each plugin block its own name; use `bundled = \"...\"` to run the same plugin twice.", label, prev.DefRange),
+					Subject: b.LabelRanges[0].Ptr(),
+				})
+				continue
+			}
+			labels[label] = b
+			p, d := decodePlugin(b, bundled)
+			diags = append(diags, d...)
+			if p != nil {
+				out.Plugins = append(out.Plugins, p)
+			}
+		}
+	}
+	if out.XDS.Listen == out.Admin.Listen {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Listen address in use twice",
+			Detail: fmt.Sprintf("xds and admin both listen on %s.", out.XDS.Listen)})
+	}
+	return out, diags
+}
+
+func decodeMesh(b *hcl.Block, m *Mesh) hcl.Diagnostics {
+	var mb meshBlock
+	diags := gohcl.DecodeBody(b.Body, nil, &mb)
+	if mb.DomainSuffix != nil {
+		m.DomainSuffix = *mb.DomainSuffix
+	}
+	if mb.ClusterID != nil {
+		m.ClusterID = *mb.ClusterID
+		if m.ClusterID == "" {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Empty cluster_id", Subject: attrRange(b.Body, "cluster_id").Ptr()})
+		}
+	}
+	if mb.Network != nil {
+		m.Network = *mb.Network
+	}
+	return diags
+}
+
+func decodeXDS(b *hcl.Block, x *XDS) hcl.Diagnostics {
+	var xb xdsBlock
+	diags := gohcl.DecodeBody(b.Body, nil, &xb)
+	if xb.Listen != nil {
+		x.Listen = *xb.Listen
+		diags = append(diags, checkListen(x.Listen, attrRange(b.Body, "listen"))...)
+	}
+	if xb.DebounceAfter != nil {
+		diags = append(diags, parseDuration(*xb.DebounceAfter, attrRange(b.Body, "debounce_after"), &x.DebounceAfter)...)
+	}
+	if xb.DebounceMax != nil {
+		diags = append(diags, parseDuration(*xb.DebounceMax, attrRange(b.Body, "debounce_max"), &x.DebounceMax)...)
+	}
+	if x.DebounceMax < x.DebounceAfter {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "debounce_max is shorter than debounce_after",
+			Subject: b.DefRange.Ptr()})
+	}
+	return diags
+}
+
+func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {
+	content, diags := b.Body.Content(pluginSchema)
+	p := &Plugin{Label: b.Labels[0], DeclRange: b.DefRange, SyncTimeout: DefaultSyncTimeout}
+	str := func(name string, dst *string) {
+		if a, ok := content.Attributes[name]; ok {
+			diags = append(diags, gohcl.DecodeExpression(a.Expr, nil, dst)...)
+		}
+	}
+	str("bundled", &p.Bundled)
+	str("path", &p.Path)
+	str("sha256", &p.SHA256)
+	if a, ok := content.Attributes["args"]; ok {
+		diags = append(diags, gohcl.DecodeExpression(a.Expr, nil, &p.Args)...)
+	}
+	if a, ok := content.Attributes["env"]; ok {
+		diags = append(diags, gohcl.DecodeExpression(a.Expr, nil, &p.Env)...)
+	}
+	if a, ok := content.Attributes["sync_timeout"]; ok {
+		var s string
+		if d := gohcl.DecodeExpression(a.Expr, nil, &s); d.HasErrors() {
+			diags = append(diags, d...)
+		} else {
+			diags = append(diags, parseDuration(s, a.Expr.Range(), &p.SyncTimeout)...)
+		}
+	}
+	if a, ok := content.Attributes["path"]; ok {
+		p.PathRange = a.Expr.Range()
+	}
+	if a, ok := content.Attributes["sha256"]; ok {
+		p.SHA256Range = a.Expr.Range()
+	}
+	p.Config = hcl.EmptyBody()
+	for i, cb := range content.Blocks {
+		if i > 0 {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Duplicate config block",
+				Detail: fmt.Sprintf("Plugin %q already has a config block.", p.Label), Subject: cb.DefRange.Ptr()})
+			continue
+		}
+		p.Config = cb.Body
+	}
+	switch {
+	case p.Bundled != "" && p.Path != "":
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Both bundled and path are set",
+			Detail: "A plugin is either bundled (bundled = \"NAME\") or an external binary (path = \"...\" with sha256), not both.", Subject: p.PathRange.Ptr()})
+	case p.Path != "":
+		if p.SHA256 == "" {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Missing required argument",
+				Detail: fmt.Sprintf("External plugin %q needs sha256: the hex SHA-256 of its binary (`sha256sum %s`).", p.Label, p.Path), Subject: b.DefRange.Ptr()})
+		} else if _, err := hex.DecodeString(p.SHA256); err != nil || len(p.SHA256) != 64 {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid sha256",
+				Detail: "sha256 must be 64 hexadecimal digits.", Subject: p.SHA256Range.Ptr()})
+		}
+	default:
+		name := p.Bundled
+		rng := attrRange(b.Body, "bundled")
+		if name == "" {
+			name, rng = p.Label, b.LabelRanges[0]
+		}
+		if !contains(bundled, name) {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Unknown bundled plugin",
+				Detail:  fmt.Sprintf("No bundled plugin is named %q (bundled: %s). For an external plugin set path and sha256.", name, strings.Join(bundled, ", ")),
+				Subject: rng.Ptr()})
+		}
+		p.Bundled = name
+	}
+	return p, diags
+}
+
+// VerifyBinary checks that an external plugin's binary exists and has the
+// configured hash. The error names both hashes.
+func VerifyBinary(p *Plugin) hcl.Diagnostics {
+	if !p.External() {
+		return nil
+	}
+	f, err := os.Open(p.Path)
+	if err != nil {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary not found",
+			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read plugin binary",
+			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	if !strings.EqualFold(got, p.SHA256) {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary checksum mismatch",
+			Detail:  fmt.Sprintf("Plugin %q: %s has sha256 %s, but plugins.hcl expects %s. The binary was not started.", p.Label, p.Path, got, strings.ToLower(p.SHA256)),
+			Subject: p.SHA256Range.Ptr()}}
+	}
+	return nil
+}
+
+// DecodeConfig decodes the plugin's config block against its schema.
+func (p *Plugin) DecodeConfig(schema *sdk.Schema) hcl.Diagnostics {
+	js, diags := configschema.Decode(p.Config, schema)
+	if !diags.HasErrors() {
+		p.ConfigJSON = js
+	}
+	return diags
+}
+
+// PluginDiagnostics turns diagnostics a plugin returned from Configure into
+// positioned HCL diagnostics inside its config block.
+func (p *Plugin) PluginDiagnostics(ds sdk.Diagnostics) hcl.Diagnostics {
+	var out hcl.Diagnostics
+	for _, d := range ds {
+		sev := hcl.DiagError
+		if d.Severity == sdk.SeverityWarning {
+			sev = hcl.DiagWarning
+		}
+		rng := configschema.PathRange(p.Config, d.Path)
+		out = append(out, &hcl.Diagnostic{Severity: sev, Summary: fmt.Sprintf("plugin %q: %s", p.Label, d.Summary), Detail: d.Detail, Subject: &rng})
+	}
+	return out
+}
+
+func checkListen(addr string, rng hcl.Range) hcl.Diagnostics {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		var n int
+		n, err = strconv.Atoi(port)
+		if err == nil && (n < 0 || n > 65535) {
+			err = fmt.Errorf("port %d is out of range", n)
+		}
+	}
+	if err == nil && host != "" && host != "localhost" && net.ParseIP(host) == nil {
+		err = fmt.Errorf("%q is not an IP address", host)
+	}
+	if err != nil {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid listen address",
+			Detail: fmt.Sprintf("%q: %v; want HOST:PORT, for example 127.0.0.1:15010.", addr, err), Subject: rng.Ptr()}}
+	}
+	return nil
+}
+
+func parseDuration(s string, rng hcl.Range, dst *time.Duration) hcl.Diagnostics {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid duration",
+			Detail: fmt.Sprintf("%q is not a duration such as \"100ms\" or \"30s\".", s), Subject: rng.Ptr()}}
+	}
+	*dst = d
+	return nil
+}
+
+func attrRange(body hcl.Body, name string) hcl.Range {
+	attrs, _ := body.JustAttributes()
+	if a, ok := attrs[name]; ok {
+		return a.Expr.Range()
+	}
+	return body.MissingItemRange()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Format renders diagnostics one per line as FILE:LINE:COL: summary: detail.
+func Format(diags hcl.Diagnostics) string {
+	var b strings.Builder
+	for _, d := range diags {
+		sev := "error"
+		if d.Severity == hcl.DiagWarning {
+			sev = "warning"
+		}
+		if d.Subject != nil {
+			fmt.Fprintf(&b, "%s:%d:%d: ", d.Subject.Filename, d.Subject.Start.Line, d.Subject.Start.Column)
+		}
+		fmt.Fprintf(&b, "%s: %s", sev, d.Summary)
+		if d.Detail != "" {
+			fmt.Fprintf(&b, ": %s", strings.TrimSuffix(d.Detail, "."))
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

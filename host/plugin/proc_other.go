@@ -1,0 +1,9 @@
+//go:build !linux
+
+package plugin
+
+import "os/exec"
+
+// dieWithParent relies on the SDK's parent watch where the kernel offers no
+// parent-death signal.
+func dieWithParent(*exec.Cmd) {}

@@ -1,0 +1,461 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/hcl/v2"
+	"google.golang.org/grpc"
+
+	"github.com/estuary-mesh/estuary/host/config"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
+)
+
+// State of a plugin, as /debug/pluginz shows it.
+type State string
+
+const (
+	StateStarting     State = "starting"
+	StateRunning      State = "running"
+	StateBackoff      State = "backoff"
+	StateCrashLooping State = "crash-looping"
+	// StateConfigError: the plugin rejected its config; it waits for a
+	// reload instead of restarting.
+	StateConfigError State = "config-error"
+	StateStopped     State = "stopped"
+)
+
+// Status describes one plugin for /debug/pluginz and `estuary plugins`.
+type Status struct {
+	Label           string    `json:"label"`
+	Bundled         string    `json:"bundled,omitempty"`
+	Path            string    `json:"path,omitempty"`
+	State           State     `json:"state"`
+	Name            string    `json:"name,omitempty"`
+	Version         string    `json:"version,omitempty"`
+	ProtocolVersion uint32    `json:"protocol_version,omitempty"`
+	Capabilities    []string  `json:"capabilities,omitempty"`
+	PID             int       `json:"pid,omitempty"`
+	Restarts        int       `json:"restarts"`
+	Failures        int       `json:"consecutive_failures"`
+	Backoffs        []string  `json:"recent_backoffs,omitempty"`
+	LastError       string    `json:"last_error,omitempty"`
+	StartedAt       time.Time `json:"started_at,omitzero"`
+}
+
+// runner keeps one plugin running.
+type runner struct {
+	sup    *Supervisor
+	logger hclog.Logger
+
+	mu             sync.Mutex
+	cfg            *config.Plugin
+	status         Status
+	rpc            registryv1.RegistryClient // nil while not connected
+	schema         *sdk.Schema               // from the last Describe
+	canReconfigure bool
+	wake           chan struct{} // a reload arrived while waiting
+	restart        chan struct{} // kill the current process and start again
+	cancel         context.CancelFunc
+	created        time.Time
+	done           chan struct{}
+}
+
+func newRunner(sup *Supervisor, cfg *config.Plugin) *runner {
+	return &runner{
+		sup:     sup,
+		logger:  sup.logger.With("plugin", cfg.Label),
+		cfg:     cfg,
+		status:  Status{Label: cfg.Label, Bundled: cfg.Bundled, Path: cfg.Path, State: StateStarting},
+		wake:    make(chan struct{}, 1),
+		restart: make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		created: time.Now(),
+	}
+}
+
+func (r *runner) start(ctx context.Context) {
+	ctx, r.cancel = context.WithCancel(ctx)
+	go r.loop(ctx)
+}
+
+// stop stops the plugin and waits for it to exit.
+func (r *runner) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func (r *runner) snapshot() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.status
+	st.Backoffs = append([]string(nil), st.Backoffs...)
+	return st
+}
+
+func (r *runner) setState(s State, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.State = s
+	if err != nil {
+		r.status.LastError = err.Error()
+	}
+}
+
+// configErr marks errors that restarting cannot fix.
+type configErr struct{ error }
+
+func (r *runner) loop(ctx context.Context) {
+	defer close(r.done)
+	defer r.setState(StateStopped, nil)
+	for {
+		started := time.Now()
+		healthy, err := r.runOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.sup.store.Disconnected(r.label())
+		r.sup.metrics.up.WithLabelValues(r.label()).Set(0)
+		var cerr configErr
+		if errors.As(err, &cerr) {
+			r.logger.Error("plugin configuration rejected; waiting for a reload", "error", err)
+			r.setState(StateConfigError, err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.wake:
+				continue
+			}
+		}
+		r.logger.Error("plugin stopped; restarting", "error", err, "uptime", time.Since(started).Round(time.Millisecond))
+		r.sup.metrics.restarts.WithLabelValues(r.label()).Inc()
+		r.mu.Lock()
+		r.status.Restarts++
+		if healthy && time.Since(started) > r.sup.opts.HealthyAfter {
+			r.status.Failures = 0
+		}
+		r.status.Failures++
+		failures := r.status.Failures
+		delay := backoff(r.sup.opts.BackoffBase, r.sup.opts.BackoffMax, failures)
+		r.status.Backoffs = append(r.status.Backoffs, delay.Round(time.Millisecond).String())
+		if len(r.status.Backoffs) > 10 {
+			r.status.Backoffs = r.status.Backoffs[1:]
+		}
+		r.status.LastError = err.Error()
+		r.status.State = StateBackoff
+		if failures >= r.sup.opts.CrashLoopAfter {
+			r.status.State = StateCrashLooping
+		}
+		r.mu.Unlock()
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		case <-r.wake:
+			t.Stop()
+		}
+	}
+}
+
+// backoff doubles from base per consecutive failure up to max, with ±20%
+// jitter so that plugins that failed together do not restart together.
+func backoff(base, max time.Duration, failures int) time.Duration {
+	d := base
+	for i := 1; i < failures && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	jitter := 0.8 + 0.4*rand.Float64()
+	return time.Duration(float64(d) * jitter)
+}
+
+func (r *runner) label() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg.Label
+}
+
+// runOnce starts the plugin and streams its state until the process or the
+// stream ends. healthy reports whether it got as far as a full snapshot.
+func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
+	r.mu.Lock()
+	cfg := r.cfg
+	r.status.State = StateStarting
+	r.mu.Unlock()
+
+	if diags := config.VerifyBinary(cfg); diags.HasErrors() {
+		return false, configErr{errors.New(config.Format(diags))}
+	}
+	stderr := &tailBuffer{max: 8 << 10}
+	client := goplugin.NewClient(r.clientConfig(cfg, stderr))
+	defer client.Kill()
+
+	rpcClient, err := client.Client()
+	if err != nil {
+		return false, handshakeError(cfg, err, stderr.String())
+	}
+	raw, err := rpcClient.Dispense(sdk.PluginName)
+	if err != nil {
+		return false, fmt.Errorf("plugin %q: dispense: %w", cfg.Label, err)
+	}
+	rpc := raw.(registryv1.RegistryClient)
+
+	dctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
+	desc, err := rpc.Describe(dctx, &registryv1.DescribeRequest{})
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("plugin %q: describe: %w", cfg.Label, err)
+	}
+	if desc.GetProtocolVersion() != sdk.ProtocolVersion {
+		return false, configErr{fmt.Errorf("plugin %q: speaks registry protocol %d, the host speaks %d", cfg.Label, desc.GetProtocolVersion(), sdk.ProtocolVersion)}
+	}
+	schema := configschema.FromProto(desc.GetConfigSchema())
+	if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
+		return false, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
+	}
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	r.mu.Lock()
+	r.schema = schema
+	r.canReconfigure = hasCapability(desc, registryv1.Capability_CAPABILITY_RECONFIGURE)
+	r.status.Name, r.status.Version, r.status.ProtocolVersion = desc.GetName(), desc.GetVersion(), desc.GetProtocolVersion()
+	r.status.Capabilities = nil
+	for _, c := range desc.GetCapabilities() {
+		r.status.Capabilities = append(r.status.Capabilities, strings.TrimPrefix(c.String(), "CAPABILITY_"))
+	}
+	r.status.PID = pid
+	r.status.StartedAt = time.Now()
+	r.mu.Unlock()
+
+	if err := r.configure(ctx, rpc, cfg); err != nil {
+		return false, err
+	}
+
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	stream, err := rpc.Watch(sctx, &registryv1.WatchRequest{})
+	if err != nil {
+		return false, fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
+	}
+	r.mu.Lock()
+	r.rpc = rpc
+	r.status.State = StateRunning
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.rpc = nil
+		r.mu.Unlock()
+	}()
+	r.sup.metrics.up.WithLabelValues(cfg.Label).Set(1)
+
+	// A restart request or the process exiting ends the stream.
+	go func() {
+		select {
+		case <-r.restart:
+			scancel()
+		case <-sctx.Done():
+		}
+	}()
+
+	sess := r.sup.store.NewSession(cfg.Label)
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if sctx.Err() != nil && ctx.Err() == nil {
+				return sess.SnapshotDone(), fmt.Errorf("plugin %q: restart requested", cfg.Label)
+			}
+			if err == io.EOF {
+				err = errors.New("stream closed")
+			}
+			if client.Exited() {
+				err = fmt.Errorf("%w (process exited)", err)
+			}
+			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
+		}
+		if err := sess.Apply(resp); err != nil {
+			return sess.SnapshotDone(), fmt.Errorf("plugin %q: broke the protocol: %w", cfg.Label, err)
+		}
+	}
+}
+
+// configure sends the decoded config block. Diagnostics the plugin returns
+// point into plugins.hcl.
+func (r *runner) configure(ctx context.Context, rpc registryv1.RegistryClient, cfg *config.Plugin) error {
+	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
+	defer cancel()
+	mesh := r.sup.mesh()
+	resp, err := rpc.Configure(cctx, &registryv1.ConfigureRequest{
+		ConfigJson: cfg.ConfigJSON,
+		Mesh:       &registryv1.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterId: mesh.ClusterID, Network: mesh.Network},
+	})
+	if err != nil {
+		return fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
+	}
+	var sds sdk.Diagnostics
+	for _, d := range resp.GetDiagnostics() {
+		sds = append(sds, sdk.Diagnostic{Severity: sdk.Severity(d.GetSeverity()), Summary: d.GetSummary(), Detail: d.GetDetail(), Path: d.GetPath()})
+	}
+	diags := cfg.PluginDiagnostics(sds)
+	for _, d := range diags {
+		if d.Severity == hcl.DiagWarning {
+			r.logger.Warn("plugin config warning", "warning", strings.TrimSpace(config.Format(hcl.Diagnostics{d})))
+		}
+	}
+	if diags.HasErrors() {
+		return configErr{fmt.Errorf("plugin %q rejected its config:\n%s", cfg.Label, config.Format(diags))}
+	}
+	return nil
+}
+
+// update applies a new block for the same plugin: the config block is
+// sent to the running plugin, or the plugin restarts when it cannot be
+// reconfigured. It returns diagnostics that must keep the old config.
+func (r *runner) update(ctx context.Context, cfg *config.Plugin) hcl.Diagnostics {
+	r.mu.Lock()
+	schema, rpc, canReconfigure, state := r.schema, r.rpc, r.canReconfigure, r.status.State
+	r.mu.Unlock()
+	if schema != nil {
+		if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
+			return diags
+		}
+	}
+	r.mu.Lock()
+	r.cfg = cfg
+	r.mu.Unlock()
+	switch {
+	case rpc != nil && canReconfigure:
+		if err := r.configure(ctx, rpc, cfg); err != nil {
+			return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
+		}
+	case rpc != nil:
+		r.logger.Info("plugin cannot be reconfigured; restarting it")
+		select {
+		case r.restart <- struct{}{}:
+		default:
+		}
+	case state == StateConfigError || state == StateBackoff || state == StateCrashLooping:
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.ClientConfig {
+	var cmd *exec.Cmd
+	var secure *goplugin.SecureConfig
+	if cfg.External() {
+		cmd = exec.Command(cfg.Path, cfg.Args...)
+		secure = secureConfig(cfg.SHA256)
+	} else {
+		cmd = exec.Command(r.sup.opts.Self, append([]string{"plugin", cfg.Bundled}, cfg.Args...)...)
+	}
+	cmd.Env = os.Environ()
+	for k, v := range cfg.Env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	dieWithParent(cmd)
+	return &goplugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake,
+		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginName: &sdk.GRPCPlugin{}}},
+		Cmd:              cmd,
+		SecureConfig:     secure,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		StartTimeout:     r.sup.opts.StartTimeout,
+		Logger:           r.sup.logger.Named("plugin").With("plugin", cfg.Label),
+		Stderr:           stderr,
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(sdk.MaxMessageBytes), grpc.MaxCallSendMsgSize(sdk.MaxMessageBytes)),
+		},
+	}
+}
+
+// handshakeError explains a failed start in the operator's terms.
+func handshakeError(cfg *config.Plugin, err error, stderr string) error {
+	msg := err.Error()
+	hint := ""
+	switch {
+	case strings.Contains(msg, "Unrecognized remote plugin message"):
+		hint = "the plugin wrote to stdout before the go-plugin handshake; plugins must log to stderr"
+	case strings.Contains(msg, "Incompatible API version"):
+		hint = fmt.Sprintf("the plugin does not speak registry protocol version %d", sdk.ProtocolVersion)
+	case strings.Contains(stderr, "This binary is a plugin") || strings.Contains(stderr, "magic cookie"):
+		hint = "the plugin expects a different magic cookie: it is not an Estuary registry plugin, or was built for another host"
+	case strings.Contains(msg, "checksums did not match"):
+		hint = "the binary changed after it was checked"
+	case strings.Contains(msg, "exited before we could connect") || strings.Contains(msg, "plugin exited"):
+		hint = "the plugin exited during start-up"
+	}
+	out := fmt.Sprintf("plugin %q: handshake failed: %v", cfg.Label, err)
+	if hint != "" {
+		out += " (" + hint + ")"
+	}
+	if s := strings.TrimSpace(stderr); s != "" {
+		out += "; stderr: " + lastLines(s, 5)
+	}
+	if strings.Contains(hint, "stdout") || strings.Contains(hint, "protocol version") || strings.Contains(hint, "cookie") {
+		return configErr{errors.New(out)}
+	}
+	return errors.New(out)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+func hasCapability(d *registryv1.DescribeResponse, c registryv1.Capability) bool {
+	for _, x := range d.GetCapabilities() {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// tailBuffer keeps the last max bytes a plugin wrote to stderr, for error
+// messages about a failed start.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+var _ io.Writer = (*tailBuffer)(nil)

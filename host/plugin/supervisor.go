@@ -1,0 +1,211 @@
+package plugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/hcl/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/registry"
+)
+
+// Options tune the supervisor. Zero values take the defaults.
+type Options struct {
+	// Self is the estuary executable, re-executed for bundled plugins.
+	Self string
+	// BackoffBase is the first restart delay; it doubles per consecutive
+	// failure up to BackoffMax.
+	BackoffBase, BackoffMax time.Duration
+	// CrashLoopAfter consecutive failures mark a plugin crash-looping.
+	CrashLoopAfter int
+	// HealthyAfter: a run that synced and lasted this long resets the
+	// failure count.
+	HealthyAfter time.Duration
+	// StartTimeout bounds the go-plugin handshake; CallTimeout every unary
+	// call (Describe, Configure).
+	StartTimeout, CallTimeout time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.BackoffBase == 0 {
+		o.BackoffBase = 200 * time.Millisecond
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = 30 * time.Second
+	}
+	if o.CrashLoopAfter == 0 {
+		o.CrashLoopAfter = 3
+	}
+	if o.HealthyAfter == 0 {
+		o.HealthyAfter = 10 * time.Second
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = 30 * time.Second
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = 30 * time.Second
+	}
+}
+
+// Supervisor runs the plugins a config file names.
+type Supervisor struct {
+	opts    Options
+	logger  hclog.Logger
+	store   *registry.Store
+	metrics *metrics
+
+	mu      sync.Mutex
+	ctx     context.Context
+	runners map[string]*runner
+	order   []string
+	meshCfg config.Mesh
+}
+
+type metrics struct {
+	restarts *prometheus.CounterVec
+	up       *prometheus.GaugeVec
+}
+
+// NewSupervisor returns a supervisor that streams into store.
+func NewSupervisor(ctx context.Context, opts Options, logger hclog.Logger, store *registry.Store, reg prometheus.Registerer) *Supervisor {
+	opts.defaults()
+	m := &metrics{
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "estuary_plugin_restarts_total", Help: "Plugin restarts after the process or its stream ended.",
+		}, []string{"plugin"}),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "estuary_plugin_up", Help: "1 while the plugin is connected and streaming.",
+		}, []string{"plugin"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.restarts, m.up)
+	}
+	return &Supervisor{opts: opts, logger: logger.Named("supervisor"), store: store, metrics: m, ctx: ctx, runners: map[string]*runner{}}
+}
+
+func (s *Supervisor) mesh() config.Mesh {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.meshCfg
+}
+
+// Apply makes the running plugins match f: new blocks start, removed ones
+// stop (their instances leave the replica), changed ones are reconfigured in
+// place or restarted. Diagnostics returned for a plugin mean that plugin
+// kept its previous config.
+func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
+	s.mu.Lock()
+	meshChanged := s.meshCfg != f.Mesh
+	s.meshCfg = f.Mesh
+	var diags hcl.Diagnostics
+	want := map[string]*config.Plugin{}
+	var order []string
+	for _, p := range f.Plugins {
+		want[p.Label] = p
+		order = append(order, p.Label)
+	}
+	var stopping []*runner
+	for label, r := range s.runners {
+		if _, ok := want[label]; !ok {
+			stopping = append(stopping, r)
+			delete(s.runners, label)
+		}
+	}
+	var updates []func()
+	for _, p := range f.Plugins {
+		r, ok := s.runners[p.Label]
+		switch {
+		case !ok:
+			r = newRunner(s, p)
+			s.runners[p.Label] = r
+			r.start(s.ctx)
+			s.logger.Info("plugin started", "plugin", p.Label, "bundled", p.Bundled, "path", p.Path)
+		case !r.cfg.Same(p) || meshChanged:
+			old := r
+			nr := newRunner(s, p)
+			s.runners[p.Label] = nr
+			updates = append(updates, func() {
+				old.stop()
+				nr.start(s.ctx)
+				s.logger.Info("plugin restarted with its new block", "plugin", p.Label)
+			})
+		default:
+			updates = append(updates, func() {
+				if d := r.update(s.ctx, p); d.HasErrors() {
+					diags = append(diags, d...)
+				}
+			})
+		}
+	}
+	s.order = order
+	s.mu.Unlock()
+
+	for _, r := range stopping {
+		r.stop()
+		s.store.RemovePlugin(r.cfg.Label)
+		s.logger.Info("plugin stopped: removed from config", "plugin", r.cfg.Label)
+	}
+	for _, u := range updates {
+		u()
+	}
+	s.store.SetPluginOrder(order)
+	return diags
+}
+
+// Stop stops every plugin and waits for them to exit.
+func (s *Supervisor) Stop() {
+	s.mu.Lock()
+	runners := make([]*runner, 0, len(s.runners))
+	for _, r := range s.runners {
+		runners = append(runners, r)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range runners {
+		wg.Go(r.stop)
+	}
+	wg.Wait()
+}
+
+// Statuses reports every plugin in config order.
+func (s *Supervisor) Statuses() []Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Status, 0, len(s.order))
+	for _, label := range s.order {
+		if r, ok := s.runners[label]; ok {
+			out = append(out, r.snapshot())
+		}
+	}
+	return out
+}
+
+// Ready reports whether every plugin has delivered its first snapshot or
+// its sync timeout has passed since the supervisor started it.
+func (s *Supervisor) Ready(now time.Time) (bool, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var waiting []string
+	for _, label := range s.order {
+		r := s.runners[label]
+		st := r.snapshot()
+		if st.StartedAt.IsZero() && now.Sub(r.created) < r.cfg.SyncTimeout {
+			waiting = append(waiting, label)
+		}
+	}
+	slices.Sort(waiting)
+	return len(waiting) == 0, waiting
+}
+
+func secureConfig(sum string) *goplugin.SecureConfig {
+	b, _ := hex.DecodeString(sum)
+	return &goplugin.SecureConfig{Checksum: b, Hash: sha256.New()}
+}
