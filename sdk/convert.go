@@ -1,6 +1,9 @@
 package sdk
 
 import (
+	"maps"
+	"reflect"
+
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk/internal/wire"
 )
@@ -32,15 +35,19 @@ func (s *Service) toProto() *registryv1.Service {
 	}
 }
 
-func endpointsToProto(eps []Endpoint) []*registryv1.Endpoint {
-	out := make([]*registryv1.Endpoint, len(eps))
+// endpointsToProto converts a set, sending each distinct label map and
+// target-port map once.
+func endpointsToProto(hostname string, eps []Endpoint) *registryv1.EndpointsReplaced {
+	out := &registryv1.EndpointsReplaced{Hostname: hostname, Endpoints: make([]*registryv1.Endpoint, len(eps))}
 	backing := make([]registryv1.Endpoint, len(eps))
+	var labels sharedMaps[string]
+	var ports sharedMaps[uint32]
 	for i := range eps {
 		e := &eps[i]
 		p := &backing[i]
 		p.Address = e.Address
-		p.TargetPorts = e.TargetPorts
-		p.Labels = e.Labels
+		p.LabelSet = labels.index(e.Labels)
+		p.PortSet = ports.index(e.TargetPorts)
 		p.Network = e.Network
 		p.Locality = e.Locality.String()
 		p.Weight = e.Weight
@@ -48,9 +55,40 @@ func endpointsToProto(eps []Endpoint) []*registryv1.Endpoint {
 		p.ServiceAccount = e.ServiceAccount
 		p.Health = registryv1.Health(e.Health)
 		p.WorkloadName = e.WorkloadName
-		out[i] = p
+		out.Endpoints[i] = p
+	}
+	for _, m := range labels.sets {
+		out.LabelSets = append(out.LabelSets, &registryv1.StringMap{Entries: m})
+	}
+	for _, m := range ports.sets {
+		out.PortSets = append(out.PortSets, &registryv1.PortMap{Entries: m})
 	}
 	return out
+}
+
+// sharedMaps numbers the distinct maps of a set. Endpoints of one workload
+// usually share one map value, so a pointer match on the last few maps
+// finds nearly all repeats; equal maps at other addresses are compared.
+type sharedMaps[V comparable] struct {
+	sets []map[string]V
+}
+
+func (s *sharedMaps[V]) index(m map[string]V) uint32 {
+	if len(m) == 0 {
+		return 0
+	}
+	for i := len(s.sets) - 1; i >= 0 && i >= len(s.sets)-8; i-- {
+		if sameMap(s.sets[i], m) || maps.Equal(s.sets[i], m) {
+			return uint32(i + 1)
+		}
+	}
+	s.sets = append(s.sets, m)
+	return uint32(len(s.sets))
+}
+
+// sameMap reports whether a and b are the same map value.
+func sameMap[V any](a, b map[string]V) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 func gatewaysToProto(gws []NetworkGateway) []*registryv1.NetworkGateway {
@@ -77,7 +115,7 @@ func (e *event) toProto() *registryv1.Event {
 	case kindServiceDeleted:
 		pe.Kind = &registryv1.Event_ServiceDeleted{ServiceDeleted: &registryv1.ServiceDeleted{Hostname: e.hostname}}
 	case kindEndpointsReplaced:
-		pe.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: &registryv1.EndpointsReplaced{Hostname: e.hostname, Endpoints: endpointsToProto(e.endpoints)}}
+		pe.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: endpointsToProto(e.hostname, e.endpoints)}
 	case kindGatewaysReplaced:
 		pe.Kind = &registryv1.Event_GatewaysReplaced{GatewaysReplaced: &registryv1.GatewaysReplaced{Gateways: gatewaysToProto(e.gateways)}}
 	case kindInstanceSynced:

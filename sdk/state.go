@@ -118,10 +118,9 @@ func (s *State) deleteLocked(id InstanceID, in *instanceState, hostname string) 
 	s.emit(event{id: id, kind: kindServiceDeleted, hostname: hostname})
 }
 
-// SetEndpoints replaces the endpoints of a service. The slice is sorted in
-// place (by address, then workload name) and kept.
+// SetEndpoints replaces the endpoints of a service. The slice is kept. A set
+// equal to the current one, in the same order, sends nothing.
 func (s *State) SetEndpoints(id InstanceID, hostname string, eps []Endpoint) error {
-	sortEndpoints(eps)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in, err := s.instance(id)
@@ -204,9 +203,6 @@ func (s *State) SetHealth(id InstanceID, h InstanceHealth) error {
 // endpoints it no longer lists are deleted, changed ones updated, equal ones
 // left alone. The instance must have been set with SetInstance.
 func (s *State) ReplaceInstance(id InstanceID, snap Snapshot) error {
-	for _, eps := range snap.Endpoints {
-		sortEndpoints(eps)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in, err := s.instance(id)
@@ -243,12 +239,6 @@ func (s *State) instance(id InstanceID) (*instanceState, error) {
 		return nil, fmt.Errorf("%w %s", ErrUnknownInstance, id)
 	}
 	return in, nil
-}
-
-func sortEndpoints(eps []Endpoint) {
-	slices.SortFunc(eps, func(a, b Endpoint) int {
-		return cmp.Or(cmp.Compare(a.Address, b.Address), cmp.Compare(a.WorkloadName, b.WorkloadName))
-	})
 }
 
 func sortGateways(gws []NetworkGateway) {

@@ -118,3 +118,15 @@ func (c *labelCache) portsFor(m map[string]uint32) map[string]uint32 {
 	c.np++
 	return m
 }
+
+// stringCache remembers the last string it interned, so a run of endpoints
+// with the same network or locality costs one comparison each.
+type stringCache struct{ last string }
+
+func (c *stringCache) intern(s string) string {
+	if s == c.last {
+		return c.last
+	}
+	c.last = intern(s)
+	return c.last
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,11 +58,16 @@ type Store struct {
 	subs   []func(Change)
 
 	metrics *metrics
+	applied atomic.Uint64
 }
+
+// EndpointUpdates counts endpoints applied since the store was made.
+func (s *Store) EndpointUpdates() uint64 { return s.applied.Load() }
 
 type metrics struct {
 	events    *prometheus.CounterVec
 	instances *prometheus.GaugeVec
+	endpoints prometheus.Counter
 }
 
 // NewStore returns an empty store. Metrics are registered with reg when it
@@ -74,9 +80,12 @@ func NewStore(reg prometheus.Registerer) *Store {
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "estuary_registry_instances", Help: "Registry instances held, by plugin and provider.",
 		}, []string{"plugin", "provider"}),
+		endpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "estuary_registry_endpoint_updates_total", Help: "Endpoints applied from EndpointsReplaced events.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.instances)
+		reg.MustRegister(m.events, m.instances, m.endpoints)
 	}
 	return &Store{instances: map[InstanceKey]*Instance{}, pluginRank: map[string]int{}, metrics: m}
 }
@@ -325,7 +334,10 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 		if _, ok := target.services[h]; !ok {
 			return fmt.Errorf("endpoints for unknown service %q", h)
 		}
-		target.endpoints[h] = decodeEndpoints(k.EndpointsReplaced.GetEndpoints())
+		set := decodeEndpoints(k.EndpointsReplaced)
+		target.endpoints[h] = set
+		s.metrics.endpoints.Add(float64(set.Len()))
+		s.applied.Add(uint64(set.Len()))
 		if visible {
 			change.service(h, false)
 		}
@@ -387,23 +399,35 @@ func (sess *Session) addInstance(key InstanceKey, props sdk.InstanceProperties, 
 	}
 }
 
-// decodeEndpoints converts wire endpoints into the compact form.
-func decodeEndpoints(in []*registryv1.Endpoint) *EndpointSet {
+// decodeEndpoints converts wire endpoints into the compact form. Shared
+// label and port sets are decoded once; strings that many endpoints repeat
+// are interned.
+func decodeEndpoints(m *registryv1.EndpointsReplaced) *EndpointSet {
+	in := m.GetEndpoints()
 	set := &EndpointSet{Endpoints: make([]Endpoint, len(in))}
 	var cache labelCache
+	var network, locality, account stringCache
+	labelSets, portSets := m.GetLabelSets(), m.GetPortSets()
 	for i, p := range in {
-		set.Endpoints[i] = Endpoint{
-			Address:        p.GetAddress(),
-			Labels:         cache.labelsFor(p.GetLabels()),
-			TargetPorts:    cache.portsFor(p.GetTargetPorts()),
-			Network:        intern(p.GetNetwork()),
-			Locality:       intern(p.GetLocality()),
-			ServiceAccount: intern(p.GetServiceAccount()),
-			WorkloadName:   p.GetWorkloadName(),
-			Weight:         p.GetWeight(),
-			TLSMode:        sdk.TLSMode(p.GetTlsMode()),
-			Health:         sdk.Health(p.GetHealth()),
+		e := &set.Endpoints[i]
+		e.Address = p.GetAddress()
+		if n := p.GetLabelSet(); n > 0 && int(n) <= len(labelSets) {
+			e.Labels = labelSets[n-1].GetEntries()
+		} else {
+			e.Labels = cache.labelsFor(p.GetLabels())
 		}
+		if n := p.GetPortSet(); n > 0 && int(n) <= len(portSets) {
+			e.TargetPorts = portSets[n-1].GetEntries()
+		} else {
+			e.TargetPorts = cache.portsFor(p.GetTargetPorts())
+		}
+		e.Network = network.intern(p.GetNetwork())
+		e.Locality = locality.intern(p.GetLocality())
+		e.ServiceAccount = account.intern(p.GetServiceAccount())
+		e.WorkloadName = p.GetWorkloadName()
+		e.Weight = p.GetWeight()
+		e.TLSMode = sdk.TLSMode(p.GetTlsMode())
+		e.Health = sdk.Health(p.GetHealth())
 	}
 	return set
 }

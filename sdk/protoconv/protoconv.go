@@ -30,20 +30,30 @@ func Service(p *registryv1.Service) *sdk.Service {
 	return s
 }
 
-// Endpoint converts a wire endpoint into the SDK type.
-func Endpoint(p *registryv1.Endpoint) sdk.Endpoint {
-	return sdk.Endpoint{
-		Address:        p.GetAddress(),
-		TargetPorts:    p.GetTargetPorts(),
-		Labels:         p.GetLabels(),
-		Network:        p.GetNetwork(),
-		Locality:       sdk.ParseLocality(p.GetLocality()),
-		Weight:         p.GetWeight(),
-		TLSMode:        sdk.TLSMode(p.GetTlsMode()),
-		ServiceAccount: p.GetServiceAccount(),
-		Health:         sdk.Health(p.GetHealth()),
-		WorkloadName:   p.GetWorkloadName(),
+// Endpoints converts an endpoint set, resolving shared label and port sets.
+func Endpoints(m *registryv1.EndpointsReplaced) []sdk.Endpoint {
+	out := make([]sdk.Endpoint, len(m.GetEndpoints()))
+	for i, p := range m.GetEndpoints() {
+		out[i] = sdk.Endpoint{
+			Address:        p.GetAddress(),
+			TargetPorts:    p.GetTargetPorts(),
+			Labels:         p.GetLabels(),
+			Network:        p.GetNetwork(),
+			Locality:       sdk.ParseLocality(p.GetLocality()),
+			Weight:         p.GetWeight(),
+			TLSMode:        sdk.TLSMode(p.GetTlsMode()),
+			ServiceAccount: p.GetServiceAccount(),
+			Health:         sdk.Health(p.GetHealth()),
+			WorkloadName:   p.GetWorkloadName(),
+		}
+		if n := p.GetLabelSet(); n > 0 && int(n) <= len(m.GetLabelSets()) {
+			out[i].Labels = m.GetLabelSets()[n-1].GetEntries()
+		}
+		if n := p.GetPortSet(); n > 0 && int(n) <= len(m.GetPortSets()) {
+			out[i].TargetPorts = m.GetPortSets()[n-1].GetEntries()
+		}
 	}
+	return out
 }
 
 // Gateway converts a wire gateway.

@@ -107,11 +107,7 @@ func (r *Replica) applyEvent(ev *registryv1.Event) error {
 		if _, ok := in.Services[h]; !ok {
 			return fmt.Errorf("endpoints for unknown service %q in %s", h, id)
 		}
-		eps := make([]sdk.Endpoint, len(k.EndpointsReplaced.GetEndpoints()))
-		for i, e := range k.EndpointsReplaced.GetEndpoints() {
-			eps[i] = protoconv.Endpoint(e)
-		}
-		in.Endpoints[h] = eps
+		in.Endpoints[h] = protoconv.Endpoints(k.EndpointsReplaced)
 	case *registryv1.Event_GatewaysReplaced:
 		in.Gateways = nil
 		for _, g := range k.GatewaysReplaced.GetGateways() {

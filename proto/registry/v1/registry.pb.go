@@ -1548,7 +1548,15 @@ type EndpointsReplaced struct {
 	// hostname of the service. The service must have been upserted before.
 	Hostname string `protobuf:"bytes,1,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// endpoints is the new set; empty means the service has no endpoints.
-	Endpoints     []*Endpoint `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	Endpoints []*Endpoint `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// label_sets are label maps shared by several endpoints (the pods of one
+	// deployment carry the same labels). An endpoint refers to one with
+	// Endpoint.label_set instead of repeating it, which keeps messages small
+	// and decoding cheap.
+	LabelSets []*StringMap `protobuf:"bytes,3,rep,name=label_sets,json=labelSets,proto3" json:"label_sets,omitempty"`
+	// port_sets are target-port maps shared by several endpoints, referred to
+	// by Endpoint.port_set.
+	PortSets      []*PortMap `protobuf:"bytes,4,rep,name=port_sets,json=portSets,proto3" json:"port_sets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1597,6 +1605,110 @@ func (x *EndpointsReplaced) GetEndpoints() []*Endpoint {
 	return nil
 }
 
+func (x *EndpointsReplaced) GetLabelSets() []*StringMap {
+	if x != nil {
+		return x.LabelSets
+	}
+	return nil
+}
+
+func (x *EndpointsReplaced) GetPortSets() []*PortMap {
+	if x != nil {
+		return x.PortSets
+	}
+	return nil
+}
+
+// StringMap is a shared label set.
+type StringMap struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       map[string]string      `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StringMap) Reset() {
+	*x = StringMap{}
+	mi := &file_registry_v1_registry_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StringMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StringMap) ProtoMessage() {}
+
+func (x *StringMap) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StringMap.ProtoReflect.Descriptor instead.
+func (*StringMap) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StringMap) GetEntries() map[string]string {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// PortMap is a shared service-port-name to target-port map.
+type PortMap struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       map[string]uint32      `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortMap) Reset() {
+	*x = PortMap{}
+	mi := &file_registry_v1_registry_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortMap) ProtoMessage() {}
+
+func (x *PortMap) ProtoReflect() protoreflect.Message {
+	mi := &file_registry_v1_registry_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortMap.ProtoReflect.Descriptor instead.
+func (*PortMap) Descriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PortMap) GetEntries() map[string]uint32 {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 // GatewaysReplaced replaces the full set of network gateways of an instance.
 type GatewaysReplaced struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1607,7 +1719,7 @@ type GatewaysReplaced struct {
 
 func (x *GatewaysReplaced) Reset() {
 	*x = GatewaysReplaced{}
-	mi := &file_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_registry_v1_registry_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1731,7 @@ func (x *GatewaysReplaced) String() string {
 func (*GatewaysReplaced) ProtoMessage() {}
 
 func (x *GatewaysReplaced) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_registry_v1_registry_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1744,7 @@ func (x *GatewaysReplaced) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewaysReplaced.ProtoReflect.Descriptor instead.
 func (*GatewaysReplaced) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GatewaysReplaced) GetGateways() []*NetworkGateway {
@@ -1653,7 +1765,7 @@ type InstanceSynced struct {
 
 func (x *InstanceSynced) Reset() {
 	*x = InstanceSynced{}
-	mi := &file_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_registry_v1_registry_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1777,7 @@ func (x *InstanceSynced) String() string {
 func (*InstanceSynced) ProtoMessage() {}
 
 func (x *InstanceSynced) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_registry_v1_registry_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1790,7 @@ func (x *InstanceSynced) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceSynced.ProtoReflect.Descriptor instead.
 func (*InstanceSynced) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{22}
 }
 
 // InstanceHealth reports the instance's connection to its source.
@@ -1699,7 +1811,7 @@ type InstanceHealth struct {
 
 func (x *InstanceHealth) Reset() {
 	*x = InstanceHealth{}
-	mi := &file_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1823,7 @@ func (x *InstanceHealth) String() string {
 func (*InstanceHealth) ProtoMessage() {}
 
 func (x *InstanceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1836,7 @@ func (x *InstanceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceHealth.ProtoReflect.Descriptor instead.
 func (*InstanceHealth) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{21}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InstanceHealth) GetHealthy() bool {
@@ -1762,7 +1874,7 @@ type Notice struct {
 
 func (x *Notice) Reset() {
 	*x = Notice{}
-	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1886,7 @@ func (x *Notice) String() string {
 func (*Notice) ProtoMessage() {}
 
 func (x *Notice) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1899,7 @@ func (x *Notice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notice.ProtoReflect.Descriptor instead.
 func (*Notice) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Notice) GetSubject() string {
@@ -1840,7 +1952,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1964,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_registry_v1_registry_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1977,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Service) GetHostname() string {
@@ -1960,7 +2072,7 @@ type Port struct {
 
 func (x *Port) Reset() {
 	*x = Port{}
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2084,7 @@ func (x *Port) String() string {
 func (*Port) ProtoMessage() {}
 
 func (x *Port) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[24]
+	mi := &file_registry_v1_registry_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2097,7 @@ func (x *Port) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Port.ProtoReflect.Descriptor instead.
 func (*Port) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{24}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Port) GetName() string {
@@ -2022,7 +2134,7 @@ type ClusterAddresses struct {
 
 func (x *ClusterAddresses) Reset() {
 	*x = ClusterAddresses{}
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2146,7 @@ func (x *ClusterAddresses) String() string {
 func (*ClusterAddresses) ProtoMessage() {}
 
 func (x *ClusterAddresses) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[25]
+	mi := &file_registry_v1_registry_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2159,7 @@ func (x *ClusterAddresses) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAddresses.ProtoReflect.Descriptor instead.
 func (*ClusterAddresses) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{25}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClusterAddresses) GetCluster() string {
@@ -2077,7 +2189,7 @@ type ClusterNodePorts struct {
 
 func (x *ClusterNodePorts) Reset() {
 	*x = ClusterNodePorts{}
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2201,7 @@ func (x *ClusterNodePorts) String() string {
 func (*ClusterNodePorts) ProtoMessage() {}
 
 func (x *ClusterNodePorts) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[26]
+	mi := &file_registry_v1_registry_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2214,7 @@ func (x *ClusterNodePorts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNodePorts.ProtoReflect.Descriptor instead.
 func (*ClusterNodePorts) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{26}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClusterNodePorts) GetCluster() string {
@@ -2146,14 +2258,20 @@ type Endpoint struct {
 	Health Health `protobuf:"varint,9,opt,name=health,proto3,enum=estuary.registry.v1.Health" json:"health,omitempty"`
 	// workload_name names the workload (pod name, WorkloadEntry name), for
 	// debugging.
-	WorkloadName  string `protobuf:"bytes,10,opt,name=workload_name,json=workloadName,proto3" json:"workload_name,omitempty"`
+	WorkloadName string `protobuf:"bytes,10,opt,name=workload_name,json=workloadName,proto3" json:"workload_name,omitempty"`
+	// label_set, when not 0, is the 1-based index of this endpoint's labels in
+	// EndpointsReplaced.label_sets; labels is then empty.
+	LabelSet uint32 `protobuf:"varint,11,opt,name=label_set,json=labelSet,proto3" json:"label_set,omitempty"`
+	// port_set, when not 0, is the 1-based index of this endpoint's target
+	// ports in EndpointsReplaced.port_sets; target_ports is then empty.
+	PortSet       uint32 `protobuf:"varint,12,opt,name=port_set,json=portSet,proto3" json:"port_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2283,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[27]
+	mi := &file_registry_v1_registry_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2296,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{27}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Endpoint) GetAddress() string {
@@ -2251,6 +2369,20 @@ func (x *Endpoint) GetWorkloadName() string {
 	return ""
 }
 
+func (x *Endpoint) GetLabelSet() uint32 {
+	if x != nil {
+		return x.LabelSet
+	}
+	return 0
+}
+
+func (x *Endpoint) GetPortSet() uint32 {
+	if x != nil {
+		return x.PortSet
+	}
+	return 0
+}
+
 // NetworkGateway is an east-west gateway that reaches a network's endpoints
 // from other networks.
 type NetworkGateway struct {
@@ -2271,7 +2403,7 @@ type NetworkGateway struct {
 
 func (x *NetworkGateway) Reset() {
 	*x = NetworkGateway{}
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2415,7 @@ func (x *NetworkGateway) String() string {
 func (*NetworkGateway) ProtoMessage() {}
 
 func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
-	mi := &file_registry_v1_registry_proto_msgTypes[28]
+	mi := &file_registry_v1_registry_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2428,7 @@ func (x *NetworkGateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkGateway.ProtoReflect.Descriptor instead.
 func (*NetworkGateway) Descriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{28}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NetworkGateway) GetNetwork() string {
@@ -2412,10 +2544,23 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fServiceUpserted\x126\n" +
 	"\aservice\x18\x01 \x01(\v2\x1c.estuary.registry.v1.ServiceR\aservice\",\n" +
 	"\x0eServiceDeleted\x12\x1a\n" +
-	"\bhostname\x18\x01 \x01(\tR\bhostname\"l\n" +
+	"\bhostname\x18\x01 \x01(\tR\bhostname\"\xe6\x01\n" +
 	"\x11EndpointsReplaced\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12;\n" +
-	"\tendpoints\x18\x02 \x03(\v2\x1d.estuary.registry.v1.EndpointR\tendpoints\"S\n" +
+	"\tendpoints\x18\x02 \x03(\v2\x1d.estuary.registry.v1.EndpointR\tendpoints\x12=\n" +
+	"\n" +
+	"label_sets\x18\x03 \x03(\v2\x1e.estuary.registry.v1.StringMapR\tlabelSets\x129\n" +
+	"\tport_sets\x18\x04 \x03(\v2\x1c.estuary.registry.v1.PortMapR\bportSets\"\x8e\x01\n" +
+	"\tStringMap\x12E\n" +
+	"\aentries\x18\x01 \x03(\v2+.estuary.registry.v1.StringMap.EntriesEntryR\aentries\x1a:\n" +
+	"\fEntriesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\aPortMap\x12C\n" +
+	"\aentries\x18\x01 \x03(\v2).estuary.registry.v1.PortMap.EntriesEntryR\aentries\x1a:\n" +
+	"\fEntriesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"S\n" +
 	"\x10GatewaysReplaced\x12?\n" +
 	"\bgateways\x18\x01 \x03(\v2#.estuary.registry.v1.NetworkGatewayR\bgateways\"\x10\n" +
 	"\x0eInstanceSynced\"{\n" +
@@ -2458,7 +2603,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xbf\x04\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf7\x04\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12Q\n" +
 	"\ftarget_ports\x18\x02 \x03(\v2..estuary.registry.v1.Endpoint.TargetPortsEntryR\vtargetPorts\x12A\n" +
@@ -2470,7 +2615,9 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fservice_account\x18\b \x01(\tR\x0eserviceAccount\x123\n" +
 	"\x06health\x18\t \x01(\x0e2\x1b.estuary.registry.v1.HealthR\x06health\x12#\n" +
 	"\rworkload_name\x18\n" +
-	" \x01(\tR\fworkloadName\x1a>\n" +
+	" \x01(\tR\fworkloadName\x12\x1b\n" +
+	"\tlabel_set\x18\v \x01(\rR\blabelSet\x12\x19\n" +
+	"\bport_set\x18\f \x01(\rR\aportSet\x1a>\n" +
 	"\x10TargetPortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a9\n" +
@@ -2528,7 +2675,7 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Capability)(0),            // 0: estuary.registry.v1.Capability
 	(Nesting)(0),               // 1: estuary.registry.v1.Nesting
@@ -2555,20 +2702,24 @@ var file_registry_v1_registry_proto_goTypes = []any{
 	(*ServiceUpserted)(nil),    // 22: estuary.registry.v1.ServiceUpserted
 	(*ServiceDeleted)(nil),     // 23: estuary.registry.v1.ServiceDeleted
 	(*EndpointsReplaced)(nil),  // 24: estuary.registry.v1.EndpointsReplaced
-	(*GatewaysReplaced)(nil),   // 25: estuary.registry.v1.GatewaysReplaced
-	(*InstanceSynced)(nil),     // 26: estuary.registry.v1.InstanceSynced
-	(*InstanceHealth)(nil),     // 27: estuary.registry.v1.InstanceHealth
-	(*Notice)(nil),             // 28: estuary.registry.v1.Notice
-	(*Service)(nil),            // 29: estuary.registry.v1.Service
-	(*Port)(nil),               // 30: estuary.registry.v1.Port
-	(*ClusterAddresses)(nil),   // 31: estuary.registry.v1.ClusterAddresses
-	(*ClusterNodePorts)(nil),   // 32: estuary.registry.v1.ClusterNodePorts
-	(*Endpoint)(nil),           // 33: estuary.registry.v1.Endpoint
-	(*NetworkGateway)(nil),     // 34: estuary.registry.v1.NetworkGateway
-	nil,                        // 35: estuary.registry.v1.Service.LabelsEntry
-	nil,                        // 36: estuary.registry.v1.ClusterNodePorts.PortsEntry
-	nil,                        // 37: estuary.registry.v1.Endpoint.TargetPortsEntry
-	nil,                        // 38: estuary.registry.v1.Endpoint.LabelsEntry
+	(*StringMap)(nil),          // 25: estuary.registry.v1.StringMap
+	(*PortMap)(nil),            // 26: estuary.registry.v1.PortMap
+	(*GatewaysReplaced)(nil),   // 27: estuary.registry.v1.GatewaysReplaced
+	(*InstanceSynced)(nil),     // 28: estuary.registry.v1.InstanceSynced
+	(*InstanceHealth)(nil),     // 29: estuary.registry.v1.InstanceHealth
+	(*Notice)(nil),             // 30: estuary.registry.v1.Notice
+	(*Service)(nil),            // 31: estuary.registry.v1.Service
+	(*Port)(nil),               // 32: estuary.registry.v1.Port
+	(*ClusterAddresses)(nil),   // 33: estuary.registry.v1.ClusterAddresses
+	(*ClusterNodePorts)(nil),   // 34: estuary.registry.v1.ClusterNodePorts
+	(*Endpoint)(nil),           // 35: estuary.registry.v1.Endpoint
+	(*NetworkGateway)(nil),     // 36: estuary.registry.v1.NetworkGateway
+	nil,                        // 37: estuary.registry.v1.StringMap.EntriesEntry
+	nil,                        // 38: estuary.registry.v1.PortMap.EntriesEntry
+	nil,                        // 39: estuary.registry.v1.Service.LabelsEntry
+	nil,                        // 40: estuary.registry.v1.ClusterNodePorts.PortsEntry
+	nil,                        // 41: estuary.registry.v1.Endpoint.TargetPortsEntry
+	nil,                        // 42: estuary.registry.v1.Endpoint.LabelsEntry
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: estuary.registry.v1.DescribeResponse.capabilities:type_name -> estuary.registry.v1.Capability
@@ -2587,36 +2738,40 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	22, // 13: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
 	23, // 14: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
 	24, // 15: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
-	25, // 16: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
-	26, // 17: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
-	27, // 18: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
+	27, // 16: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
+	28, // 17: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
+	29, // 18: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
 	20, // 19: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
-	29, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
-	33, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
-	34, // 22: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
-	28, // 23: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
-	30, // 24: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
-	31, // 25: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
-	31, // 26: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
-	32, // 27: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
-	35, // 28: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
-	3,  // 29: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
-	36, // 30: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
-	37, // 31: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
-	38, // 32: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
-	4,  // 33: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
-	5,  // 34: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
-	6,  // 35: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
-	11, // 36: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
-	15, // 37: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
-	7,  // 38: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
-	13, // 39: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
-	16, // 40: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
-	38, // [38:41] is the sub-list for method output_type
-	35, // [35:38] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	31, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
+	35, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
+	25, // 22: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
+	26, // 23: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
+	37, // 24: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
+	38, // 25: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
+	36, // 26: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
+	30, // 27: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
+	32, // 28: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
+	33, // 29: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
+	33, // 30: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
+	34, // 31: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
+	39, // 32: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
+	3,  // 33: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
+	40, // 34: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
+	41, // 35: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
+	42, // 36: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
+	4,  // 37: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
+	5,  // 38: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
+	6,  // 39: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
+	11, // 40: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
+	15, // 41: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
+	7,  // 42: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
+	13, // 43: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
+	16, // 44: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
+	42, // [42:45] is the sub-list for method output_type
+	39, // [39:42] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -2640,7 +2795,7 @@ func file_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,148 @@
+package plugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// The test binary doubles as a plugin: run with ESTUARY_TEST_PLUGIN=MODE it
+// serves a plugin instead of running tests, so the supervisor is tested
+// against real plugin processes.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("ESTUARY_TEST_PLUGIN"); mode != "" {
+		servePlugin(mode)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func servePlugin(mode string) {
+	switch mode {
+	case "bench":
+		sdk.Serve(benchFactory)
+	default:
+		fmt.Fprintf(os.Stderr, "unknown test plugin mode %q\n", mode)
+		os.Exit(2)
+	}
+}
+
+// selfPlugin is a plugin block that runs this test binary in mode.
+func selfPlugin(t testing.TB, label, mode, body string) *config.Plugin {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &config.Plugin{
+		Label:       label,
+		Path:        self,
+		SHA256:      fileSHA256(t, self),
+		Env:         map[string]string{"ESTUARY_TEST_PLUGIN": mode},
+		Config:      parseBody(t, body),
+		SyncTimeout: config.DefaultSyncTimeout,
+	}
+}
+
+func parseBody(t testing.TB, src string) hcl.Body {
+	t.Helper()
+	f, diags := hclsyntax.ParseConfig([]byte(src), "test.hcl", hcl.InitialPos)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	return f.Body
+}
+
+func fileSHA256(t testing.TB, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// benchFactory streams endpoint sets as fast as it can: `batches` sets of
+// `size` endpoints spread round-robin over `services` services, then a
+// service named done.bench to mark the end.
+func benchFactory(rt sdk.Runtime) sdk.Plugin { return &benchPlugin{rt: rt} }
+
+type benchPlugin struct{ rt sdk.Runtime }
+
+func (p *benchPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Name: "bench", Version: "test", Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+		ConfigSchema: &sdk.Schema{Attributes: []sdk.Attribute{
+			{Name: "batches", Type: "number", Required: true},
+			{Name: "size", Type: "number", Required: true},
+			{Name: "services", Type: "number", Required: true},
+		}}}, nil
+}
+
+func (p *benchPlugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg struct{ Batches, Size, Services int }
+	if err := req.Decode(&cfg); err != nil {
+		return nil, err
+	}
+	id := sdk.InstanceID{Provider: "Bench", Cluster: "c1"}
+	st := p.rt.State
+	st.SetInstance(id, sdk.InstanceProperties{DefaultNetwork: "n1"})
+	hosts := make([]string, cfg.Services)
+	for i := range hosts {
+		hosts[i] = "svc" + strconv.Itoa(i) + ".bench.svc.cluster.local"
+		_ = st.UpsertService(id, &sdk.Service{Hostname: hosts[i], Namespace: "bench", Ports: []sdk.Port{{Name: "http", Number: 80, Protocol: "HTTP"}}})
+	}
+	_ = st.MarkSynced(id)
+	// Two variants that differ in every endpoint's weight, alternated so
+	// every update is a real change; State keeps slices as immutable, so
+	// they can be shared.
+	variants := [2][]sdk.Endpoint{benchEndpoints(cfg.Size, 1), benchEndpoints(cfg.Size, 2)}
+	go func() {
+		for i := range cfg.Batches {
+			eps := variants[(i/len(hosts))%2]
+			if err := st.SetEndpoints(id, hosts[i%len(hosts)], eps); err != nil {
+				p.rt.Logger.Error("bench", "error", err)
+				return
+			}
+		}
+		_ = st.UpsertService(id, &sdk.Service{Hostname: "done.bench", Namespace: "bench"})
+	}()
+	return &sdk.ConfigureResponse{}, nil
+}
+
+// benchEndpoints are realistic Kubernetes-like endpoints: two labels, a
+// named target port, locality, network, service account, TLS mode.
+func benchEndpoints(n int, weight uint32) []sdk.Endpoint {
+	eps := make([]sdk.Endpoint, n)
+	labels := map[string]string{"app": "bench", "version": "v1"}
+	ports := map[string]uint32{"http": 8080}
+	for i := range eps {
+		eps[i] = sdk.Endpoint{
+			Address:        fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255),
+			TargetPorts:    ports,
+			Labels:         labels,
+			Network:        "network1",
+			Locality:       sdk.Locality{Region: "us-east1", Zone: "us-east1-b"},
+			TLSMode:        sdk.TLSModeIstio,
+			Weight:         weight,
+			ServiceAccount: "spiffe://cluster.local/ns/bench/sa/bench",
+			WorkloadName:   fmt.Sprintf("bench-%d", i),
+		}
+	}
+	return eps
+}
