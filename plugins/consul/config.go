@@ -1,0 +1,287 @@
+package consul
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Defaults of the config block.
+const (
+	defaultDomainSuffix = "service.consul"
+	defaultWaitTime     = 5 * time.Minute
+	// maxWaitTime is the longest wait Consul accepts on a blocking query.
+	maxWaitTime        = 10 * time.Minute
+	defaultRateLimit   = 1000
+	defaultMaxWatchers = 1000
+	healthPassing      = "passing"
+	healthWarning      = "passing_and_warning"
+)
+
+var schema = &sdk.Schema{Attributes: []sdk.Attribute{
+	{Name: "address", Type: "string", Description: `HTTP address of the Consul agent, "host:port", "https://host:port" or "unix:///path"; default CONSUL_HTTP_ADDR, else localhost:8500, as the consul CLI`},
+	{Name: "scheme", Type: "string", Description: `"http" (default) or "https"`},
+	{Name: "datacenters", Type: "list(string)", Description: "datacenters to watch, one instance each; empty means the agent's own"},
+	{Name: "token", Type: "string", Description: "ACL token; never logged. Default CONSUL_HTTP_TOKEN"},
+	{Name: "token_file", Type: "string", Description: "file holding the ACL token, re-read when Consul answers 403"},
+	{Name: "ca_file", Type: "string", Description: "PEM CA bundle that signs the agent's HTTPS certificate"},
+	{Name: "cert_file", Type: "string", Description: "PEM client certificate, with key_file"},
+	{Name: "key_file", Type: "string", Description: "PEM client key, with cert_file"},
+	{Name: "server_name", Type: "string", Description: "TLS server name to verify the agent's certificate against"},
+	{Name: "namespace", Type: "string", Description: "Consul Enterprise namespace, passed through; also the services' namespace (default \"default\")"},
+	{Name: "partition", Type: "string", Description: "Consul Enterprise admin partition, passed through"},
+	{Name: "domain_suffix", Type: "string", Description: `hostnames are SERVICE.<domain_suffix>; default "service.consul"`},
+	{Name: "health", Type: "string", Description: `which instances become endpoints: "passing" (default) or "passing_and_warning"`},
+	{Name: "tag_filter", Type: "list(string)", Description: "only instances carrying every one of these tags"},
+	{Name: "network", Type: "string", Description: "default network of the endpoints; default mesh.network"},
+	{Name: "wait_time", Type: "string", Description: `longest a blocking query waits, e.g. "5m" (default, at most 10m)`},
+	{Name: "rate_limit", Type: "number", Description: "requests per second to Consul, shared by all watches (default 1000)"},
+	{Name: "max_watchers", Type: "number", Description: "most per-service watches per datacenter (default 1000); each holds one connection to the agent"},
+}}
+
+// config is the decoded `config { }` block; unset attributes are nil.
+type config struct {
+	Address      *string  `json:"address"`
+	Scheme       *string  `json:"scheme"`
+	Datacenters  []string `json:"datacenters"`
+	Token        *string  `json:"token"`
+	TokenFile    *string  `json:"token_file"`
+	CAFile       *string  `json:"ca_file"`
+	CertFile     *string  `json:"cert_file"`
+	KeyFile      *string  `json:"key_file"`
+	ServerName   *string  `json:"server_name"`
+	Namespace    *string  `json:"namespace"`
+	Partition    *string  `json:"partition"`
+	DomainSuffix *string  `json:"domain_suffix"`
+	Health       *string  `json:"health"`
+	TagFilter    []string `json:"tag_filter"`
+	Network      *string  `json:"network"`
+	WaitTime     *string  `json:"wait_time"`
+	RateLimit    *float64 `json:"rate_limit"`
+	MaxWatchers  *float64 `json:"max_watchers"`
+}
+
+// settings is a validated config, ready to run.
+type settings struct {
+	// api is the client config: address, scheme, namespace, partition and
+	// TLS files, with the consul CLI's environment variables as defaults.
+	api          api.Config
+	tls          *tls.Config // nil for plain HTTP
+	token        string
+	tokenFile    string
+	datacenters  []string // empty: the agent's own
+	domainSuffix string
+	namespace    string // the services' namespace
+	warning      bool   // include warning instances
+	tagFilter    []string
+	network      string
+	waitTime     time.Duration
+	rateLimit    float64
+	maxWatchers  int
+}
+
+// parseConfig validates cfg and reports every problem with its path.
+// Unset attributes fall back to the consul CLI's environment variables
+// (CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT, ...), then to the
+// defaults above.
+func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
+	var diags sdk.Diagnostics
+	base := api.DefaultConfig() // reads the environment, as the consul CLI does
+	s := &settings{
+		api: api.Config{
+			Address:   base.Address,
+			Scheme:    base.Scheme,
+			HttpAuth:  base.HttpAuth,
+			Namespace: base.Namespace,
+			Partition: base.Partition,
+			TLSConfig: base.TLSConfig,
+		},
+		token:        base.Token,
+		tokenFile:    base.TokenFile,
+		domainSuffix: defaultDomainSuffix,
+		network:      mesh.Network,
+		waitTime:     defaultWaitTime,
+		rateLimit:    defaultRateLimit,
+		maxWatchers:  defaultMaxWatchers,
+	}
+	if cfg.Address != nil {
+		if strings.TrimSpace(*cfg.Address) == "" {
+			diags.Errorf([]string{"address"}, "address must not be empty")
+		}
+		s.api.Address = *cfg.Address
+	}
+	if cfg.Scheme != nil {
+		switch *cfg.Scheme {
+		case "http", "https":
+			s.api.Scheme = *cfg.Scheme
+		default:
+			diags.Errorf([]string{"scheme"}, "scheme %q is not \"http\" or \"https\"", *cfg.Scheme)
+		}
+	}
+	seen := map[string]bool{}
+	for i, dc := range cfg.Datacenters {
+		path := []string{"datacenters", strconv.Itoa(i)}
+		switch {
+		case strings.TrimSpace(dc) == "":
+			diags.Errorf(path, "datacenter name must not be empty")
+		case seen[dc]:
+			diags.Errorf(path, "datacenter %q is listed twice", dc)
+		default:
+			seen[dc] = true
+			s.datacenters = append(s.datacenters, dc)
+		}
+	}
+
+	// Token: explicit settings replace the environment's as a pair.
+	if cfg.Token != nil || cfg.TokenFile != nil {
+		s.token, s.tokenFile = "", ""
+	}
+	if cfg.Token != nil && cfg.TokenFile != nil {
+		diags.Errorf([]string{"token_file"}, "set token or token_file, not both")
+	}
+	if cfg.Token != nil {
+		s.token = *cfg.Token
+	}
+	if cfg.TokenFile != nil {
+		s.tokenFile = *cfg.TokenFile
+	}
+	if s.tokenFile != "" {
+		tok, err := readToken(s.tokenFile)
+		if err != nil {
+			diags.Errorf([]string{"token_file"}, "%v", err)
+		}
+		s.token = tok
+	}
+
+	// TLS.
+	setIf(&s.api.TLSConfig.CAFile, cfg.CAFile)
+	setIf(&s.api.TLSConfig.CertFile, cfg.CertFile)
+	setIf(&s.api.TLSConfig.KeyFile, cfg.KeyFile)
+	setIf(&s.api.TLSConfig.Address, cfg.ServerName)
+	if strings.HasPrefix(s.api.Address, "https://") {
+		s.api.Scheme = "https"
+	}
+	explicitTLS := cfg.CAFile != nil || cfg.CertFile != nil || cfg.KeyFile != nil || cfg.ServerName != nil
+	switch {
+	case s.api.Scheme == "https":
+		s.tls = buildTLS(&s.api.TLSConfig, &diags)
+	case explicitTLS:
+		diags.Errorf([]string{"scheme"}, "TLS settings are given but the scheme is %q; set scheme = \"https\"", s.api.Scheme)
+	}
+
+	setIf(&s.api.Namespace, cfg.Namespace)
+	setIf(&s.api.Partition, cfg.Partition)
+	s.namespace = s.api.Namespace
+	if s.namespace == "" {
+		s.namespace = "default"
+	}
+	if cfg.DomainSuffix != nil {
+		suffix := strings.Trim(*cfg.DomainSuffix, ".")
+		if suffix == "" || strings.ContainsAny(suffix, " /:") {
+			diags.Errorf([]string{"domain_suffix"}, "domain_suffix %q is not a DNS suffix such as \"service.consul\"", *cfg.DomainSuffix)
+		}
+		s.domainSuffix = suffix
+	}
+	if cfg.Health != nil {
+		switch *cfg.Health {
+		case healthPassing:
+		case healthWarning:
+			s.warning = true
+		default:
+			diags.Errorf([]string{"health"}, "health %q is not %q or %q", *cfg.Health, healthPassing, healthWarning)
+		}
+	}
+	for i, tag := range cfg.TagFilter {
+		if tag == "" {
+			diags.Errorf([]string{"tag_filter", strconv.Itoa(i)}, "tag must not be empty")
+		}
+	}
+	s.tagFilter = slices.Clone(cfg.TagFilter)
+	setIf(&s.network, cfg.Network)
+	if cfg.WaitTime != nil {
+		d, err := time.ParseDuration(*cfg.WaitTime)
+		switch {
+		case err != nil:
+			diags.Errorf([]string{"wait_time"}, "wait_time %q is not a duration such as \"5m\" or \"30s\"", *cfg.WaitTime)
+		case d < time.Second || d > maxWaitTime:
+			diags.Errorf([]string{"wait_time"}, "wait_time %s is not between 1s and %s (Consul's maximum)", d, maxWaitTime)
+		default:
+			s.waitTime = d
+		}
+	}
+	if cfg.RateLimit != nil {
+		if *cfg.RateLimit <= 0 {
+			diags.Errorf([]string{"rate_limit"}, "rate_limit %v must be above 0 requests per second", *cfg.RateLimit)
+		}
+		s.rateLimit = *cfg.RateLimit
+	}
+	if cfg.MaxWatchers != nil {
+		n := *cfg.MaxWatchers
+		if n < 1 || n > 1e6 || n != float64(int(n)) {
+			diags.Errorf([]string{"max_watchers"}, "max_watchers %v is not a whole number between 1 and 1000000", n)
+		}
+		s.maxWatchers = int(n)
+	}
+	return s, diags
+}
+
+// readToken reads an ACL token file. The error never quotes the content.
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return tok, nil
+}
+
+// buildTLS loads the TLS files, reporting each bad one at its attribute.
+func buildTLS(c *api.TLSConfig, diags *sdk.Diagnostics) *tls.Config {
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // only from CONSUL_HTTP_SSL_VERIFY=false
+	if c.Address != "" {
+		conf.ServerName = c.Address
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		pool := x509.NewCertPool()
+		switch {
+		case err != nil:
+			diags.Errorf([]string{"ca_file"}, "read CA file: %v", err)
+		case !pool.AppendCertsFromPEM(pem):
+			diags.Errorf([]string{"ca_file"}, "CA file %s holds no PEM certificate", c.CAFile)
+		default:
+			conf.RootCAs = pool
+		}
+	}
+	switch {
+	case c.CertFile != "" && c.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			diags.Errorf([]string{"cert_file"}, "load client certificate %s with key %s: %v", c.CertFile, c.KeyFile, err)
+		}
+		conf.Certificates = []tls.Certificate{cert}
+	case c.CertFile != "":
+		diags.Errorf([]string{"key_file"}, "cert_file is set without key_file")
+	case c.KeyFile != "":
+		diags.Errorf([]string{"cert_file"}, "key_file is set without cert_file")
+	}
+	return conf
+}
+
+func setIf(dst *string, v *string) {
+	if v != nil {
+		*dst = *v
+	}
+}

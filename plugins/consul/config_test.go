@@ -1,0 +1,163 @@
+package consul
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
+)
+
+// decodeConfig decodes an HCL body as the host does and parses it.
+func decodeConfig(t *testing.T, hcl string, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
+	t.Helper()
+	js, diags := configschema.ParseHCL("plugins.hcl", []byte(hcl), schema)
+	if diags.HasErrors() {
+		t.Fatalf("schema decode: %v", diags)
+	}
+	var cfg config
+	if err := (&sdk.ConfigureRequest{ConfigJSON: js}).Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	return parseConfig(&cfg, mesh)
+}
+
+func TestConfigDefaults(t *testing.T) {
+	for _, k := range []string{"CONSUL_HTTP_ADDR", "CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_HTTP_SSL", "CONSUL_NAMESPACE", "CONSUL_PARTITION", "CONSUL_CACERT"} {
+		t.Setenv(k, "")
+	}
+	s, diags := decodeConfig(t, ``, sdk.MeshSettings{Network: "mesh-net"})
+	if diags.HasErrors() {
+		t.Fatalf("empty config rejected: %v", diags)
+	}
+	if s.api.Address != "localhost:8500" || s.api.Scheme != "http" || s.tls != nil {
+		t.Errorf("address %q scheme %q tls %v, want the local agent over plain HTTP", s.api.Address, s.api.Scheme, s.tls)
+	}
+	if s.domainSuffix != "service.consul" || s.namespace != "default" || s.warning || s.network != "mesh-net" ||
+		s.waitTime != 5*time.Minute || s.rateLimit != 1000 || s.maxWatchers != 1000 || len(s.datacenters) != 0 {
+		t.Errorf("defaults = %+v", s)
+	}
+}
+
+func TestConfigEnvironment(t *testing.T) {
+	t.Setenv("CONSUL_HTTP_ADDR", "10.9.9.9:8501")
+	t.Setenv("CONSUL_HTTP_TOKEN", "env-token")
+	s, diags := decodeConfig(t, ``, sdk.MeshSettings{})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	if s.api.Address != "10.9.9.9:8501" || s.token != "env-token" {
+		t.Errorf("address %q token set %v: the consul CLI's environment should be the default", s.api.Address, s.token == "env-token")
+	}
+	s, _ = decodeConfig(t, `token = "cfg-token"`, sdk.MeshSettings{})
+	if s.token != "cfg-token" {
+		t.Errorf("an explicit token does not replace the environment's")
+	}
+}
+
+func TestConfigFull(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("  s3cr3t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, diags := decodeConfig(t, `
+address       = "consul.example:8500"
+datacenters   = ["dc1", "dc2"]
+token_file    = "`+tokenFile+`"
+namespace     = "team-a"
+partition     = "p1"
+domain_suffix = ".consul.example."
+health        = "passing_and_warning"
+tag_filter    = ["mesh", "prod"]
+network       = "net1"
+wait_time     = "30s"
+rate_limit    = 50
+max_watchers  = 20
+`, sdk.MeshSettings{Network: "mesh-net"})
+	if diags.HasErrors() {
+		t.Fatalf("rejected: %v", diags)
+	}
+	if s.token != "s3cr3t" || s.tokenFile != tokenFile {
+		t.Errorf("token from file not read and trimmed")
+	}
+	if !slices.Equal(s.datacenters, []string{"dc1", "dc2"}) || s.api.Namespace != "team-a" || s.namespace != "team-a" ||
+		s.api.Partition != "p1" || s.domainSuffix != "consul.example" || !s.warning ||
+		!slices.Equal(s.tagFilter, []string{"mesh", "prod"}) || s.network != "net1" || s.waitTime != 30*time.Second ||
+		s.rateLimit != 50 || s.maxWatchers != 20 {
+		t.Errorf("settings = %+v", s)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	notPEM := filepath.Join(dir, "ca.pem")
+	for _, f := range []string{empty, notPEM} {
+		if err := os.WriteFile(f, []byte("\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name, config string
+		path         []string
+		msg          string
+	}{
+		{"empty address", `address = " "`, []string{"address"}, "must not be empty"},
+		{"bad scheme", `scheme = "ftp"`, []string{"scheme"}, `"ftp" is not`},
+		{"empty datacenter", `datacenters = ["dc1", ""]`, []string{"datacenters", "1"}, "must not be empty"},
+		{"duplicate datacenter", `datacenters = ["dc1", "dc1"]`, []string{"datacenters", "1"}, "listed twice"},
+		{"token and token_file", "token = \"a\"\ntoken_file = \"" + empty + "\"", []string{"token_file"}, "not both"},
+		{"missing token file", `token_file = "/nonexistent/token"`, []string{"token_file"}, "no such file"},
+		{"empty token file", `token_file = "` + empty + `"`, []string{"token_file"}, "is empty"},
+		{"TLS over http", `ca_file = "` + notPEM + `"`, []string{"scheme"}, `set scheme = "https"`},
+		{"CA file without PEM", "scheme = \"https\"\nca_file = \"" + notPEM + "\"", []string{"ca_file"}, "no PEM certificate"},
+		{"missing CA file", "scheme = \"https\"\nca_file = \"/nonexistent/ca.pem\"", []string{"ca_file"}, "no such file"},
+		{"cert without key", "scheme = \"https\"\ncert_file = \"" + notPEM + "\"", []string{"key_file"}, "without key_file"},
+		{"bad key pair", "scheme = \"https\"\ncert_file = \"" + notPEM + "\"\nkey_file = \"" + notPEM + "\"", []string{"cert_file"}, "load client certificate"},
+		{"bad domain suffix", `domain_suffix = "."`, []string{"domain_suffix"}, "not a DNS suffix"},
+		{"bad health", `health = "warning"`, []string{"health"}, `"warning" is not "passing" or "passing_and_warning"`},
+		{"empty tag", `tag_filter = ["a", ""]`, []string{"tag_filter", "1"}, "must not be empty"},
+		{"bad wait_time", `wait_time = "soon"`, []string{"wait_time"}, "not a duration"},
+		{"wait_time too long", `wait_time = "11m"`, []string{"wait_time"}, "not between 1s and 10m0s"},
+		{"zero rate", `rate_limit = 0`, []string{"rate_limit"}, "above 0"},
+		{"fractional watchers", `max_watchers = 1.5`, []string{"max_watchers"}, "whole number"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, diags := decodeConfig(t, tt.config, sdk.MeshSettings{})
+			for _, d := range diags {
+				if slices.Equal(d.Path, tt.path) && strings.Contains(d.Summary, tt.msg) && d.Severity == sdk.SeverityError {
+					return
+				}
+			}
+			t.Errorf("diagnostics %+v lack %q at %v", diags, tt.msg, tt.path)
+		})
+	}
+}
+
+// TestConfigReportsEveryProblem: one Configure names all bad attributes.
+func TestConfigReportsEveryProblem(t *testing.T) {
+	_, diags := decodeConfig(t, "health = \"x\"\nwait_time = \"x\"\nrate_limit = -1\n", sdk.MeshSettings{})
+	var paths []string
+	for _, d := range diags {
+		paths = append(paths, strings.Join(d.Path, "."))
+	}
+	slices.Sort(paths)
+	if want := []string{"health", "rate_limit", "wait_time"}; !slices.Equal(paths, want) {
+		t.Errorf("diagnostic paths = %v, want %v", paths, want)
+	}
+}
+
+// TestTokenNeverInDiagnostics: a token file that is not a valid token
+// source is reported without its content.
+func TestTokenNeverInDiagnostics(t *testing.T) {
+	_, diags := decodeConfig(t, "token = \"hunter2-secret\"\ntoken_file = \"/nonexistent\"\nhealth = \"x\"", sdk.MeshSettings{})
+	if strings.Contains(diags.Error(), "hunter2") {
+		t.Errorf("diagnostics quote the token: %v", diags)
+	}
+}

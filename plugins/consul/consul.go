@@ -1,0 +1,297 @@
+// Package consul is the Consul service registry: it streams a Consul
+// catalog into Estuary with blocking queries, one instance per datacenter
+// (Provider "Consul", Cluster = the datacenter's name).
+//
+// Each datacenter runs one blocking query on the catalog's service list and
+// one per service on its health (/v1/health/service/NAME), all sharing one
+// HTTP client; a change in Consul wakes exactly the query that depends on
+// it, so nothing polls. Consul's index rules are followed: an index that
+// goes backwards resets to 0 and lists afresh, an index of 0 becomes 1, an
+// answer equal to the last one emits nothing, and every loop is
+// rate-limited. Failed requests back off with jitter and keep the
+// last-known state; the instance's health says what failed.
+//
+// See README.md for the config block and how Consul data becomes services,
+// endpoints and gateways.
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/time/rate"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Version of the plugin.
+const Version = "0.1.0"
+
+// Factory builds the plugin.
+func Factory(rt sdk.Runtime) sdk.Plugin {
+	return &plugin{rt: rt, log: rt.Logger.With("provider", sdk.ProviderConsul), held: map[sdk.InstanceID]map[string]bool{}}
+}
+
+type plugin struct {
+	rt  sdk.Runtime
+	log hclog.Logger
+
+	mu  sync.Mutex // serialises Configure
+	cur *run       // the running config; nil before the first Configure
+
+	heldMu sync.Mutex
+	// held lists, per instance, the hostnames it holds in State. It outlives
+	// a run, so a new config can remove what the old one reported.
+	held map[sdk.InstanceID]map[string]bool
+}
+
+var _ sdk.Plugin = (*plugin)(nil)
+
+func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{
+		Name:    "consul",
+		Version: Version,
+		Capabilities: []sdk.Capability{
+			sdk.CapabilityReconfigure, sdk.CapabilityMultiInstance, sdk.CapabilityGateways,
+		},
+		ConfigSchema: schema,
+	}, nil
+}
+
+func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg config
+	if err := req.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("consul: decode config: %w", err)
+	}
+	s, diags := parseConfig(&cfg, req.Mesh)
+	if diags.HasErrors() {
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+	}
+	client, tr, err := newClient(s)
+	if err != nil {
+		diags.Errorf([]string{"address"}, "consul client: %v", err)
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.rt.Context.Err(); err != nil {
+		return nil, fmt.Errorf("consul: configure: %w", err)
+	}
+	if p.cur != nil {
+		// The old watches stop before the new ones start; State keeps
+		// serving what they reported meanwhile.
+		p.cur.stop()
+	}
+	p.cur = p.start(s, client, tr)
+	return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+}
+
+// newClient builds the one HTTP client all watches of a config share. It
+// keeps an idle connection for every watch, so blocking queries reuse their
+// connections instead of opening one per request.
+func newClient(s *settings) (*api.Client, *http.Transport, error) {
+	conns := s.maxWatchers*max(1, len(s.datacenters)) + 8
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          conns,
+		MaxIdleConnsPerHost:   conns,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	if s.tls != nil {
+		tr.TLSClientConfig = s.tls
+		// Over TLS the agent speaks HTTP/2, which multiplexes many blocking
+		// queries on one connection.
+		tr.ForceAttemptHTTP2 = true
+	}
+	cfg := s.api // copy
+	cfg.Token = s.token
+	cfg.HttpClient = &http.Client{Transport: tr}
+	client, err := api.NewClient(&cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return client, tr, nil
+}
+
+// run is one config at work: its client, limits and datacenters.
+type run struct {
+	p      *plugin
+	s      *settings
+	client *api.Client
+	tr     *http.Transport
+	// token is the ACL token sent with every request; a token file is
+	// re-read when Consul answers 403.
+	token   atomic.Pointer[string]
+	limiter *rate.Limiter // shared by every loop of the run
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	done   chan struct{}
+}
+
+func (p *plugin) start(s *settings, client *api.Client, tr *http.Transport) *run {
+	ctx, cancel := context.WithCancel(p.rt.Context)
+	r := &run{
+		p: p, s: s, client: client, tr: tr,
+		limiter: rate.NewLimiter(rate.Limit(s.rateLimit), max(1, int(s.rateLimit))),
+		ctx:     ctx, cancel: cancel, done: make(chan struct{}),
+	}
+	r.token.Store(&s.token)
+	go r.main()
+	return r
+}
+
+// stop cancels the run and waits until all its goroutines are gone.
+func (r *run) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func (r *run) main() {
+	defer close(r.done)
+	defer r.tr.CloseIdleConnections()
+	defer r.wg.Wait()
+	dcs := r.s.datacenters
+	if len(dcs) == 0 {
+		dc, ok := r.ownDatacenter()
+		if !ok {
+			return
+		}
+		dcs = []string{dc}
+	}
+	r.p.retain(dcs)
+	for _, name := range dcs {
+		d := r.newDatacenter(name)
+		r.wg.Go(func() { d.watchCatalog(r.ctx) })
+	}
+	<-r.ctx.Done()
+}
+
+// retain removes the instances of datacenters the config no longer lists.
+func (p *plugin) retain(dcs []string) {
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	for _, id := range slices.SortedFunc(maps.Keys(p.held), func(a, b sdk.InstanceID) int { return strings.Compare(a.Cluster, b.Cluster) }) {
+		if !slices.Contains(dcs, id.Cluster) {
+			p.rt.State.RemoveInstance(id)
+			delete(p.held, id)
+			p.log.Info("datacenter no longer configured; instance removed", "cluster", id.Cluster)
+		}
+	}
+}
+
+// heldFor returns the held-hostname set of an instance, creating it.
+func (p *plugin) heldFor(id sdk.InstanceID) map[string]bool {
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	h := p.held[id]
+	if h == nil {
+		h = map[string]bool{}
+		p.held[id] = h
+	}
+	return h
+}
+
+// ownDatacenter asks the agent for its datacenter, retrying until it
+// answers or the run ends. /v1/agent/self needs agent:read; without it, a
+// catalog that knows a single datacenter answers too.
+func (r *run) ownDatacenter() (string, bool) {
+	var bo backoff
+	last := ""
+	for {
+		if err := r.limiter.Wait(r.ctx); err != nil {
+			return "", false
+		}
+		dc, err := r.queryOwnDatacenter()
+		if r.ctx.Err() != nil {
+			return "", false
+		}
+		if err == nil {
+			return dc, true
+		}
+		if msg := describe(err); msg != last {
+			r.p.log.Error("cannot learn the agent's datacenter; set datacenters to skip this step", "error", msg)
+			last = msg
+		}
+		r.reloadToken(err)
+		if !sleep(r.ctx, bo.next()) {
+			return "", false
+		}
+	}
+}
+
+func (r *run) queryOwnDatacenter() (string, error) {
+	ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+	defer cancel()
+	var self struct{ Config struct{ Datacenter string } }
+	_, err := r.client.Raw().Query("/v1/agent/self", &self, r.query(ctx, 0))
+	if err == nil && self.Config.Datacenter != "" {
+		return self.Config.Datacenter, nil
+	}
+	var dcs []string
+	if _, derr := r.client.Raw().Query("/v1/catalog/datacenters", &dcs, r.query(ctx, 0)); derr == nil && len(dcs) == 1 {
+		return dcs[0], nil
+	}
+	if err == nil {
+		err = errors.New("agent/self names no datacenter")
+	}
+	return "", fmt.Errorf("agent's datacenter: %w", err)
+}
+
+// query returns the options of a request waiting on index. A first list
+// (index 0) is a consistent read: right after a restart a server may answer
+// from a state it has not finished restoring, and a relist must not take
+// that for the truth.
+func (r *run) query(ctx context.Context, index uint64) *api.QueryOptions {
+	q := &api.QueryOptions{
+		Namespace:         r.s.api.Namespace,
+		Partition:         r.s.api.Partition,
+		WaitIndex:         index,
+		WaitTime:          r.s.waitTime,
+		RequireConsistent: index == 0,
+		Token:             *r.token.Load(),
+	}
+	return q.WithContext(ctx)
+}
+
+// requestTimeout bounds one request: the wait, Consul's jitter of up to
+// wait/16, and slack for a slow answer.
+func (r *run) requestTimeout() time.Duration {
+	return r.s.waitTime + r.s.waitTime/16 + 30*time.Second
+}
+
+// reloadToken re-reads the token file after a 403, so a rotated token is
+// picked up without a reconfigure.
+func (r *run) reloadToken(err error) {
+	if r.s.tokenFile == "" || statusCode(err) != http.StatusForbidden {
+		return
+	}
+	tok, rerr := readToken(r.s.tokenFile)
+	if rerr != nil {
+		r.p.log.Warn("cannot re-read the token file", "error", rerr)
+		return
+	}
+	if tok != *r.token.Load() {
+		r.token.Store(&tok)
+		r.p.log.Info("token file changed; using the new token", "token_file", r.s.tokenFile)
+	}
+}
+
+// keys returns the sorted keys of a set.
+func keys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

@@ -1,0 +1,468 @@
+package consul
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Meta keys and tags the conversion reads. Service meta and tags are per
+// instance in Consul.
+const (
+	// metaProtocol (service meta, or a "protocol=..." tag) is the protocol of
+	// the instance's port. A plain tag naming a protocol ("http") works too.
+	metaProtocol = "protocol"
+	// metaPortPrefix declares a further named port: port_admin = "9901".
+	metaPortPrefix = "port_"
+	// metaProtocolPrefix gives a named port's protocol: protocol_admin = "http".
+	// Without it the port name decides, as in Istio ("http-admin" is HTTP).
+	metaProtocolPrefix = "protocol_"
+	// metaNetwork (service meta, else node meta) is the endpoint's network.
+	metaNetwork = "network"
+	// metaZone (node meta) is the endpoint's zone.
+	metaZone = "zone"
+	// metaTLSMode = "istio" (service meta or tag) marks a workload that
+	// accepts Istio mTLS, with the key of Istio's own label.
+	metaTLSMode = "security.istio.io/tlsMode"
+	// metaNetworkGateway = NET (service meta) makes every healthy instance of
+	// the service a gateway into network NET.
+	metaNetworkGateway = "estuary.io/network-gateway"
+	// metaGatewayPort (service meta) is the gateway's port, as Istio's label.
+	metaGatewayPort = "networking.istio.io/gatewayPort"
+
+	// taggedVirtual is the tagged address holding a service's virtual IP.
+	taggedVirtual = "consul-virtual"
+	// taggedWAN is the tagged address other networks reach a gateway on.
+	taggedWAN = "wan"
+
+	defaultGatewayPort = 15443
+	// maxNoticesPerService bounds the notices one service contributes.
+	maxNoticesPerService = 10
+)
+
+// protocols maps the spellings accepted in meta and tags to Istio's.
+var protocols = map[string]string{
+	"http": "HTTP", "http2": "HTTP2", "https": "HTTPS", "grpc": "GRPC", "grpc-web": "GRPC-Web",
+	"tcp": "TCP", "tls": "TLS", "udp": "UDP", "mongo": "Mongo", "mysql": "MySQL", "redis": "Redis",
+}
+
+func parseProtocol(s string) (string, bool) {
+	p, ok := protocols[strings.ToLower(s)]
+	return p, ok
+}
+
+// protocolFromPortName follows Istio's port naming: "grpc", "http-admin".
+func protocolFromPortName(name string) string {
+	if p, ok := parseProtocol(name); ok {
+		return p
+	}
+	prefix, _, _ := strings.Cut(name, "-")
+	if p, ok := parseProtocol(prefix); ok {
+		return p
+	}
+	return "TCP"
+}
+
+// convertOptions are the settings the conversion depends on.
+type convertOptions struct {
+	datacenter   string
+	domainSuffix string
+	namespace    string
+	warning      bool // warning instances are endpoints too
+}
+
+// view is one Consul service as Estuary reports it. Everything in it is
+// sorted, so two views of the same data are equal.
+type view struct {
+	// service is nil when Consul lists no instance to report.
+	service   *sdk.Service
+	endpoints []sdk.Endpoint
+	gateways  []sdk.NetworkGateway
+	notices   []sdk.Notice
+}
+
+func (v *view) equal(o *view) bool {
+	if (v.service == nil) != (o.service == nil) || v.service != nil && !v.service.Equal(o.service) {
+		return false
+	}
+	return slices.EqualFunc(v.endpoints, o.endpoints, func(a, b sdk.Endpoint) bool { return a.Equal(&b) }) &&
+		slices.Equal(v.gateways, o.gateways) && slices.Equal(v.notices, o.notices)
+}
+
+func hostname(name, suffix string) string { return strings.ToLower(name) + "." + suffix }
+
+// portSpec is one port of one instance.
+type portSpec struct {
+	number   uint32
+	protocol string
+}
+
+// instance is one Consul service instance, parsed.
+type instance struct {
+	e      *api.ServiceEntry
+	id     string // "node/serviceID", the endpoint's workload name
+	status string // Consul's aggregated check status
+	labels map[string]string
+	ports  map[string]portSpec
+}
+
+// convert turns the health entries of one Consul service into a view.
+// Instances of every health state decide the ports and the service labels,
+// so a service keeps its shape while its instances fail; only the instances
+// the health setting admits become endpoints.
+func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
+	n := notices{service: name}
+	var insts []*instance
+	for _, e := range entries {
+		// Connect proxies and Consul's own gateways are plumbing, not services.
+		if e == nil || e.Service == nil || e.Node == nil || e.Service.Kind != api.ServiceKindTypical {
+			continue
+		}
+		insts = append(insts, parseInstance(e, &n))
+	}
+	if len(insts) == 0 {
+		return view{}
+	}
+	slices.SortFunc(insts, func(a, b *instance) int { return cmp.Compare(a.id, b.id) })
+
+	svc := &sdk.Service{
+		Hostname:  hostname(name, o.domainSuffix),
+		Namespace: o.namespace,
+		Name:      name,
+		Ports:     servicePorts(insts, &n),
+		Labels:    commonLabels(insts),
+	}
+	for _, in := range insts {
+		if vip := in.e.Service.TaggedAddresses[taggedVirtual].Address; vip != "" {
+			svc.VIPs = map[string][]string{o.datacenter: {vip}}
+			break
+		}
+	}
+
+	var eps []sdk.Endpoint
+	var gws []sdk.NetworkGateway
+	dns := false
+	for _, in := range insts {
+		ep, ok := endpoint(in, svc.Ports, o, &n)
+		if !ok {
+			continue
+		}
+		if _, err := netip.ParseAddr(ep.Address); err != nil && !strings.HasPrefix(ep.Address, "unix://") {
+			dns = true
+		}
+		eps = append(eps, ep)
+		if net := in.e.Service.Meta[metaNetworkGateway]; net != "" {
+			gws = append(gws, gateway(in, net, ep, o, &n))
+		}
+	}
+	if dns {
+		// Consul accepts host names as service addresses.
+		svc.Resolution = sdk.ResolutionDNS
+	}
+	slices.SortFunc(eps, func(a, b sdk.Endpoint) int {
+		return cmp.Or(cmp.Compare(a.Address, b.Address), cmp.Compare(a.WorkloadName, b.WorkloadName))
+	})
+	slices.SortFunc(gws, func(a, b sdk.NetworkGateway) int {
+		return cmp.Or(cmp.Compare(a.Network, b.Network), cmp.Compare(a.Cluster, b.Cluster),
+			cmp.Compare(a.Address, b.Address), cmp.Compare(a.Port, b.Port))
+	})
+	return view{service: svc, endpoints: eps, gateways: gws, notices: n.list()}
+}
+
+func parseInstance(e *api.ServiceEntry, n *notices) *instance {
+	s := e.Service
+	in := &instance{
+		e:      e,
+		id:     e.Node.Node + "/" + s.ID,
+		status: e.Checks.AggregatedStatus(),
+		labels: labels(s.Tags, s.Meta),
+		ports:  map[string]portSpec{},
+	}
+	// Named ports: Consul's own multi-port list, then port_<name> meta.
+	for _, p := range s.Ports {
+		if p.Name == "" || p.Port < 1 || p.Port > 65535 {
+			n.add(in.id, fmt.Sprintf("port %q number %d ignored: not between 1 and 65535", p.Name, p.Port))
+			continue
+		}
+		in.ports[p.Name] = portSpec{uint32(p.Port), namedProtocol(p.Name, s.Meta, in.id, n)}
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Meta)) {
+		name, ok := strings.CutPrefix(k, metaPortPrefix)
+		if !ok {
+			continue
+		}
+		num, err := strconv.ParseUint(s.Meta[k], 10, 16)
+		if name == "" || err != nil || num == 0 {
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: want a port name after %q and a number between 1 and 65535", k, s.Meta[k], metaPortPrefix))
+			continue
+		}
+		in.ports[name] = portSpec{uint32(num), namedProtocol(name, s.Meta, in.id, n)}
+	}
+	// The instance's own port, named after its protocol, unless a named port
+	// already stands for it.
+	if s.Port > 0 && s.Port <= 65535 {
+		proto := mainProtocol(s, in.id, n)
+		mainName := strings.ToLower(proto)
+		hidden := false
+		for pn, p := range in.ports {
+			if p.number == uint32(s.Port) {
+				hidden = true
+			} else if pn == mainName {
+				n.add(in.id, fmt.Sprintf("port %s = %d replaces the instance port %d, which would take the same name", pn, p.number, s.Port))
+				hidden = true
+			}
+		}
+		if !hidden {
+			in.ports[mainName] = portSpec{uint32(s.Port), proto}
+		}
+	}
+	return in
+}
+
+// labels turns tags and meta into labels: "key=value" tags split, plain
+// tags become tag=true, and meta wins over a tag with the same key.
+func labels(tags []string, meta map[string]string) map[string]string {
+	if len(tags)+len(meta) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(tags)+len(meta))
+	for _, t := range tags {
+		k, v, ok := strings.Cut(t, "=")
+		if !ok {
+			v = "true"
+		}
+		if k != "" {
+			out[k] = v
+		}
+	}
+	maps.Copy(out, meta)
+	return out
+}
+
+// mainProtocol is the protocol of the instance's own port: the protocol
+// meta, else a protocol=X tag, else a tag naming a protocol, else TCP.
+func mainProtocol(s *api.AgentService, id string, n *notices) string {
+	if v, ok := s.Meta[metaProtocol]; ok {
+		return knownProtocol(v, "meta "+metaProtocol, id, n)
+	}
+	for _, t := range s.Tags {
+		if k, v, ok := strings.Cut(t, "="); ok && k == metaProtocol {
+			return knownProtocol(v, "tag "+t, id, n)
+		}
+	}
+	for _, t := range s.Tags {
+		if p, ok := parseProtocol(t); ok {
+			return p
+		}
+	}
+	return "TCP"
+}
+
+func namedProtocol(name string, meta map[string]string, id string, n *notices) string {
+	if v, ok := meta[metaProtocolPrefix+name]; ok {
+		return knownProtocol(v, "meta "+metaProtocolPrefix+name, id, n)
+	}
+	return protocolFromPortName(name)
+}
+
+func knownProtocol(v, where, id string, n *notices) string {
+	if p, ok := parseProtocol(v); ok {
+		return p
+	}
+	n.add(id, fmt.Sprintf("%s: unknown protocol %q, using TCP (known: %s)", where, v, strings.Join(slices.Sorted(maps.Keys(protocols)), ", ")))
+	return "TCP"
+}
+
+// servicePorts merges the instances' ports by name. Where instances
+// disagree, the number (then the protocol) most of them use wins, ties
+// going to the lowest; endpoints keep their own number as a target port.
+// Two names on one number would make two listeners collide, so the second
+// name is dropped.
+func servicePorts(insts []*instance, n *notices) []sdk.Port {
+	numbers := map[string]map[uint32]int{}
+	protos := map[string]map[string]int{}
+	for _, in := range insts {
+		for name, p := range in.ports {
+			if numbers[name] == nil {
+				numbers[name], protos[name] = map[uint32]int{}, map[string]int{}
+			}
+			numbers[name][p.number]++
+			protos[name][p.protocol]++
+		}
+	}
+	var ports []sdk.Port
+	byNumber := map[uint32]string{}
+	for _, name := range slices.Sorted(maps.Keys(numbers)) {
+		num := mostCommon(numbers[name])
+		if other, dup := byNumber[num]; dup {
+			n.add("", fmt.Sprintf("ports %q and %q both resolve to number %d; %q is dropped", other, name, num, name))
+			continue
+		}
+		byNumber[num] = name
+		ports = append(ports, sdk.Port{Name: name, Number: num, Protocol: mostCommon(protos[name])})
+	}
+	return ports
+}
+
+func mostCommon[K cmp.Ordered](counts map[K]int) K {
+	var best K
+	bestN := 0
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		if counts[k] > bestN {
+			best, bestN = k, counts[k]
+		}
+	}
+	return best
+}
+
+// commonLabels are the labels every instance carries with the same value:
+// the service's own labels, where the endpoints carry their instance's.
+func commonLabels(insts []*instance) map[string]string {
+	var common map[string]string
+	for i, in := range insts {
+		if i == 0 {
+			common = maps.Clone(in.labels)
+			continue
+		}
+		maps.DeleteFunc(common, func(k, v string) bool {
+			w, ok := in.labels[k]
+			return !ok || w != v
+		})
+	}
+	if len(common) == 0 {
+		return nil
+	}
+	return common
+}
+
+// endpoint converts an instance the health setting admits.
+func endpoint(in *instance, ports []sdk.Port, o convertOptions, n *notices) (sdk.Endpoint, bool) {
+	s, node := in.e.Service, in.e.Node
+	var weight int
+	switch in.status {
+	case api.HealthPassing:
+		weight = s.Weights.Passing
+	case api.HealthWarning:
+		if !o.warning {
+			return sdk.Endpoint{}, false
+		}
+		// Consul's Weights.Warning = 0 means "send no traffic while warning".
+		if weight = s.Weights.Warning; weight <= 0 {
+			return sdk.Endpoint{}, false
+		}
+	default: // critical, maintenance, or a status Consul does not define
+		return sdk.Endpoint{}, false
+	}
+	ep := sdk.Endpoint{
+		Address:      cmp.Or(s.Address, node.Address),
+		Labels:       in.labels,
+		Network:      cmp.Or(s.Meta[metaNetwork], node.Meta[metaNetwork]),
+		Locality:     sdk.Locality{Region: o.datacenter, Zone: zone(in.e)},
+		WorkloadName: in.id,
+	}
+	if ep.Address == "" && s.SocketPath != "" {
+		ep.Address = "unix://" + s.SocketPath
+	}
+	if ep.Address == "" {
+		n.add(in.id, "instance has no address and its node none either; skipped")
+		return sdk.Endpoint{}, false
+	}
+	if weight > 0 {
+		ep.Weight = uint32(min(weight, 1<<31))
+	}
+	if in.labels[metaTLSMode] == "istio" {
+		ep.TLSMode = sdk.TLSModeIstio
+	}
+	for _, p := range ports {
+		ip, ok := in.ports[p.Name]
+		switch {
+		case !ok:
+			n.add(in.id, fmt.Sprintf("instance lacks port %q that other instances declare; clients of that port will reach it on %d", p.Name, p.Number))
+		case ip.number != p.Number:
+			if ep.TargetPorts == nil {
+				ep.TargetPorts = map[string]uint32{}
+			}
+			ep.TargetPorts[p.Name] = ip.number
+		}
+	}
+	return ep, true
+}
+
+// zone is the node meta zone, else Consul's own locality of the service or
+// the node.
+func zone(e *api.ServiceEntry) string {
+	if z := e.Node.Meta[metaZone]; z != "" {
+		return z
+	}
+	if l := e.Service.Locality; l != nil && l.Zone != "" {
+		return l.Zone
+	}
+	if l := e.Node.Locality; l != nil {
+		return l.Zone
+	}
+	return ""
+}
+
+// gateway reports a healthy instance of a gateway service. Other networks
+// reach it on its WAN tagged address when it has one.
+func gateway(in *instance, network string, ep sdk.Endpoint, o convertOptions, n *notices) sdk.NetworkGateway {
+	s := in.e.Service
+	gw := sdk.NetworkGateway{Network: network, Cluster: o.datacenter, Address: ep.Address, Locality: ep.Locality}
+	wan := s.TaggedAddresses[taggedWAN]
+	if wan.Address != "" {
+		gw.Address = wan.Address
+	}
+	if v, ok := s.Meta[metaGatewayPort]; ok {
+		if p, err := strconv.ParseUint(v, 10, 16); err == nil && p > 0 {
+			gw.Port = uint32(p)
+			return gw
+		}
+		n.add(in.id, fmt.Sprintf("meta %s = %q is not a port number; ignored", metaGatewayPort, v))
+	}
+	switch {
+	case wan.Port > 0:
+		gw.Port = uint32(wan.Port)
+	case s.Port > 0:
+		gw.Port = uint32(s.Port)
+	default:
+		gw.Port = defaultGatewayPort
+	}
+	return gw
+}
+
+// notices collects the problems of one service, at most
+// maxNoticesPerService of them, plus a count of the rest.
+type notices struct {
+	service string
+	items   []sdk.Notice
+	dropped int
+}
+
+func (n *notices) add(instanceID, msg string) {
+	if len(n.items) >= maxNoticesPerService {
+		n.dropped++
+		return
+	}
+	subject := "service " + n.service
+	if instanceID != "" {
+		subject += ", instance " + instanceID
+	}
+	n.items = append(n.items, sdk.Notice{Subject: subject, Message: msg})
+}
+
+func (n *notices) list() []sdk.Notice {
+	out := n.items
+	slices.SortStableFunc(out, func(a, b sdk.Notice) int { return cmp.Compare(a.Subject, b.Subject) })
+	if n.dropped > 0 {
+		out = append(out, sdk.Notice{Subject: "service " + n.service, Message: fmt.Sprintf("%d more problems not shown", n.dropped)})
+	}
+	return out
+}
