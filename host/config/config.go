@@ -179,7 +179,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 			if prev, dup := seen[b.Type]; dup {
 				diags = append(diags, &hcl.Diagnostic{
 					Severity: hcl.DiagError, Summary: fmt.Sprintf("Duplicate %s block", b.Type),
-					Detail:  fmt.Sprintf("A %s block was already declared at %s.", b.Type, prev.DefRange),
+					Detail:  fmt.Sprintf("A %s block was already declared at %s.", b.Type, position(prev.DefRange)),
 					Subject: b.DefRange.Ptr(),
 				})
 				continue
@@ -205,7 +205,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 			if prev, dup := labels[label]; dup {
 				diags = append(diags, &hcl.Diagnostic{
 					Severity: hcl.DiagError, Summary: "Duplicate plugin name",
-					Detail:  fmt.Sprintf("A plugin named %q was already declared at %s. Give each plugin block its own name; use `bundled = \"...\"` to run the same plugin twice.", label, prev.DefRange),
+					Detail:  fmt.Sprintf("A plugin named %q was already declared at %s. Give each plugin block its own name; use `bundled = \"...\"` to run the same plugin twice.", label, position(prev.DefRange)),
 					Subject: b.LabelRanges[0].Ptr(),
 				})
 				continue
@@ -219,10 +219,48 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		}
 	}
 	if out.XDS.Listen == out.Admin.Listen {
-		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Listen address in use twice",
-			Detail: fmt.Sprintf("xds and admin both listen on %s.", out.XDS.Listen)})
+		diags = append(diags, listenClash(out.XDS.Listen, seen["xds"], seen["admin"]))
 	}
 	return out, diags
+}
+
+// listenClash reports xds and admin sharing an address, at the admin
+// listen attribute when it is set (else at the xds one), naming the other.
+func listenClash(addr string, xds, admin *hcl.Block) *hcl.Diagnostic {
+	d := &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Listen address in use twice",
+		Detail: fmt.Sprintf("xds and admin both listen on %s.", addr)}
+	xr, xok := listenRange(xds)
+	ar, aok := listenRange(admin)
+	switch {
+	case aok && xok:
+		d.Subject = ar.Ptr()
+		d.Detail = fmt.Sprintf("xds and admin both listen on %s; xds sets it at %s.", addr, position(xr))
+	case aok:
+		d.Subject = ar.Ptr()
+		d.Detail = fmt.Sprintf("xds and admin both listen on %s; it is the xds default.", addr)
+	case xok:
+		d.Subject = xr.Ptr()
+		d.Detail = fmt.Sprintf("xds and admin both listen on %s; it is the admin default.", addr)
+	}
+	return d
+}
+
+// listenRange returns the range of a block's listen attribute, if set.
+func listenRange(b *hcl.Block) (hcl.Range, bool) {
+	if b == nil {
+		return hcl.Range{}, false
+	}
+	attrs, _ := b.Body.JustAttributes()
+	if a, ok := attrs["listen"]; ok {
+		return a.Expr.Range(), true
+	}
+	return hcl.Range{}, false
+}
+
+// position renders where a range starts as FILE:LINE:COL, the form every
+// diagnostic uses.
+func position(r hcl.Range) string {
+	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
 }
 
 func decodeMesh(b *hcl.Block, m *Mesh) hcl.Diagnostics {
