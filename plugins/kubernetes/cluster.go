@@ -1,0 +1,717 @@
+package kubernetes
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	kubeclient "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/connrotation"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// clusterSpec is what a cluster connection needs to know about its place in
+// the mesh.
+type clusterSpec struct {
+	id   string // cluster ID
+	opts *options
+	// network is the fallback network of the cluster's endpoints when its
+	// system namespace has no topology.istio.io/network label.
+	network string
+	// syncTimeout is the instance's SyncTimeout property (remote clusters).
+	syncTimeout time.Duration
+}
+
+// cluster is one connection to one cluster's API server: a client, shared
+// informers on Services, EndpointSlices, Pods, Nodes and Namespaces, and a
+// worker that turns their changes into the cluster's instance in the State.
+//
+// A cluster publishes nothing until it is activated. A remote cluster whose
+// kubeconfig is rotated gets a second, inactive cluster for the same
+// instance, which syncs in the background and is activated when the first
+// one is stopped: that is how a rotation never empties the instance.
+// Stopping a cluster never removes its instance.
+type cluster struct {
+	spec  clusterSpec
+	id    sdk.InstanceID
+	state *sdk.State
+	log   hclog.Logger
+
+	client     kubeclient.Interface
+	httpClient *http.Client
+	dialer     *connrotation.Dialer
+	server     string // API server URL, for messages
+
+	factory                                              informers.SharedInformerFactory
+	serviceInf, sliceInf, podInf, nodeInf, namespaceInf cache.SharedIndexInformer
+	queue                                                workqueue.TypedInterface[workItem]
+	conv                                                 converter // owned by the worker goroutine
+
+	ctx      context.Context
+	cancel   context.CancelFunc
+	started  atomic.Bool
+	done     chan struct{} // closed when run returns
+	synced   chan struct{} // closed when the informers have synced
+	activate func()        // allows publishing; idempotent
+	active   chan struct{} // closed by activate
+	// live is set once the first snapshot is being built: from then on
+	// informer events are queued for the worker.
+	live atomic.Bool
+
+	mu        sync.Mutex // guards the fields below and the order of SetHealth calls
+	activated bool
+	stopped   bool
+	published bool              // the first snapshot is in the State
+	failures  map[string]string // request path -> last failure, "" when it succeeded
+	gwNotices []sdk.Notice
+	extra     []sdk.Notice // notices of others about this instance (the primary's secrets)
+}
+
+// workItem is one thing the worker recomputes.
+type workItem struct {
+	kind      itemKind
+	namespace string
+	name      string
+}
+
+type itemKind uint8
+
+const (
+	itemService  itemKind = iota + 1 // one service and its endpoints
+	itemGateways                     // the cluster's network gateways
+	itemAll                          // everything, e.g. after the cluster's network changed
+)
+
+// Index names on the informers.
+const (
+	indexByService = "service" // EndpointSlices by "namespace/service"
+	indexByPod     = "pod"     // EndpointSlices by "namespace/pod" of their endpoints
+	indexByNode    = "node"    // EndpointSlices by node names of their endpoints
+	indexGateway   = "gateway" // Services labelled topology.istio.io/network, under ""
+)
+
+// newCluster builds the client and informers of one cluster; start runs them.
+func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.Logger) (*cluster, error) {
+	c := &cluster{
+		spec:     spec,
+		id:       sdk.InstanceID{Provider: sdk.ProviderKubernetes, Cluster: spec.id},
+		state:    state,
+		log:      log.With("cluster", spec.id, "provider", sdk.ProviderKubernetes),
+		server:   rc.Host,
+		done:     make(chan struct{}),
+		synced:   make(chan struct{}),
+		active:   make(chan struct{}),
+		failures: map[string]string{},
+		conv: converter{
+			clusterID:    spec.id,
+			domainSuffix: spec.opts.domainSuffix,
+			trustDomain:  spec.opts.trustDomain,
+			network:      spec.network,
+		},
+	}
+	c.activate = sync.OnceFunc(c.doActivate)
+	var err error
+	c.client, c.httpClient, c.dialer, err = newClient(rc, c.observe)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
+	}
+	c.factory = informers.NewSharedInformerFactoryWithOptions(c.client, 0)
+	c.serviceInf = c.factory.Core().V1().Services().Informer()
+	c.sliceInf = c.factory.Discovery().V1().EndpointSlices().Informer()
+	c.podInf = c.factory.Core().V1().Pods().Informer()
+	c.nodeInf = c.factory.Core().V1().Nodes().Informer()
+	c.namespaceInf = c.factory.Core().V1().Namespaces().Informer()
+	c.queue = workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[workItem]{Name: ""})
+
+	setup := []struct {
+		inf       cache.SharedIndexInformer
+		transform cache.TransformFunc
+		indexers  cache.Indexers
+		handler   func(old, cur any)
+	}{
+		{c.serviceInf, transformService, cache.Indexers{indexGateway: indexGateways}, c.onService},
+		{c.sliceInf, transformSlice, cache.Indexers{indexByService: indexSliceService, indexByPod: indexSlicePods, indexByNode: indexSliceNodes}, c.onSlice},
+		{c.podInf, transformPod, nil, c.onPod},
+		{c.nodeInf, transformNode, nil, c.onNode},
+		{c.namespaceInf, transformNamespace, nil, c.onNamespace},
+	}
+	for _, s := range setup {
+		if err := s.inf.SetTransform(s.transform); err != nil {
+			return nil, err
+		}
+		if s.indexers != nil {
+			if err := s.inf.AddIndexers(s.indexers); err != nil {
+				return nil, err
+			}
+		}
+		if err := s.inf.SetWatchErrorHandler(c.onWatchError); err != nil {
+			return nil, err
+		}
+		if _, err := s.inf.AddEventHandler(handlerFuncs(s.handler)); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// newClient builds a clientset with a transport of its own: its connections
+// are closed when the cluster stops (no goroutine outlives it), and every
+// response is reported to observe, which tracks the cluster's health.
+func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, error)) (kubeclient.Interface, *http.Client, *connrotation.Dialer, error) {
+	rc = rest.CopyConfig(rc)
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	rc.UserAgent = "estuary-plugin-kubernetes/" + Version
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 50, 100
+	}
+	dialer := connrotation.NewDialer((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
+	rc.Dial = dialer.DialContext
+	if rc.Proxy == nil {
+		// Also keeps client-go from sharing (and caching forever) the transport.
+		rc.Proxy = http.ProxyFromEnvironment
+	}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, observe: observe} })
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("client for %s: %w", rc.Host, err)
+	}
+	cs, err := kubeclient.NewForConfigAndClient(rc, hc)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("client for %s: %w", rc.Host, err)
+	}
+	return cs, hc, dialer, nil
+}
+
+// start runs the informers and the worker. The cluster publishes once it is
+// activated and synced.
+func (c *cluster) start(ctx context.Context) {
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	c.started.Store(true)
+	c.factory.Start(c.ctx.Done())
+	go c.run()
+}
+
+// stop stops the informers and the worker and closes the connections. The
+// instance keeps what the cluster last published.
+func (c *cluster) stop() {
+	c.mu.Lock()
+	already := c.stopped
+	c.stopped = true
+	c.mu.Unlock()
+	if already || !c.started.Load() {
+		return
+	}
+	c.cancel()
+	c.queue.ShutDown()
+	c.factory.Shutdown()
+	<-c.done
+	c.dialer.CloseAll()
+	utilnet.CloseIdleConnectionsFor(c.httpClient.Transport)
+}
+
+// doActivate announces the instance and lets the cluster publish.
+func (c *cluster) doActivate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	c.activated = true
+	c.state.SetInstance(c.id, c.properties(c.spec.network))
+	c.publishHealthLocked()
+	close(c.active)
+}
+
+func (c *cluster) properties(network string) sdk.InstanceProperties {
+	return sdk.InstanceProperties{ClusterScoped: true, DefaultNetwork: network, SyncTimeout: c.spec.syncTimeout}
+}
+
+func (c *cluster) run() {
+	defer close(c.done)
+	hasSynced := []cache.InformerSynced{c.serviceInf.HasSynced, c.sliceInf.HasSynced, c.podInf.HasSynced, c.nodeInf.HasSynced, c.namespaceInf.HasSynced}
+	err := wait.PollUntilContextCancel(c.ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		for _, f := range hasSynced {
+			if !f() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return // stopped
+	}
+	close(c.synced)
+	select {
+	case <-c.active:
+	case <-c.ctx.Done():
+		return
+	}
+	// From here every event is queued. Anything an earlier event changed is
+	// already in the caches the snapshot reads.
+	c.live.Store(true)
+	t0 := time.Now()
+	n := c.publishAll()
+	c.mu.Lock()
+	c.published = true
+	if err := c.state.MarkSynced(c.id); err != nil {
+		c.log.Error("mark synced", "error", err)
+	}
+	c.publishHealthLocked()
+	c.mu.Unlock()
+	c.log.Info("cluster synced", "services", n, "duration", time.Since(t0).String())
+	for {
+		item, shutdown := c.queue.Get()
+		if shutdown {
+			return
+		}
+		c.process(item)
+		c.queue.Done(item)
+	}
+}
+
+func (c *cluster) process(item workItem) {
+	switch item.kind {
+	case itemService:
+		c.publishService(item.namespace, item.name)
+	case itemGateways:
+		c.publishGateways()
+	case itemAll:
+		c.publishAll()
+	}
+}
+
+// publishAll replaces the instance with what the caches hold. It returns
+// the number of services.
+func (c *cluster) publishAll() int {
+	network := c.network()
+	c.conv.network = network
+	c.state.SetInstance(c.id, c.properties(network))
+	objs := c.serviceInf.GetStore().List()
+	snap := sdk.Snapshot{Services: make([]*sdk.Service, 0, len(objs)), Endpoints: make(map[string][]sdk.Endpoint, len(objs))}
+	for _, o := range objs {
+		svc := o.(*corev1.Service)
+		if !c.discovered(svc.Namespace) {
+			continue
+		}
+		s := c.conv.service(svc)
+		snap.Services = append(snap.Services, s)
+		snap.Endpoints[s.Hostname] = c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
+	}
+	gws, notices := c.gateways()
+	snap.Gateways = gws
+	if err := c.state.ReplaceInstance(c.id, snap); err != nil {
+		c.log.Error("publish snapshot", "error", err)
+	}
+	c.setGatewayNotices(notices)
+	return len(snap.Services)
+}
+
+func (c *cluster) publishService(namespace, name string) {
+	hostname := c.conv.hostname(namespace, name)
+	obj, ok, _ := c.serviceInf.GetIndexer().GetByKey(namespace + "/" + name)
+	if !ok || !c.discovered(namespace) {
+		if err := c.state.DeleteService(c.id, hostname); err != nil {
+			c.log.Error("delete service", "service", hostname, "error", err)
+		}
+		return
+	}
+	svc := obj.(*corev1.Service)
+	if err := c.state.UpsertService(c.id, c.conv.service(svc)); err != nil {
+		c.log.Error("upsert service", "service", hostname, "error", err)
+		return
+	}
+	if err := c.state.SetEndpoints(c.id, hostname, c.conv.endpoints(svc, c.slicesOf(namespace, name), c)); err != nil {
+		c.log.Error("set endpoints", "service", hostname, "error", err)
+	}
+}
+
+func (c *cluster) publishGateways() {
+	gws, notices := c.gateways()
+	if err := c.state.SetGateways(c.id, gws); err != nil {
+		c.log.Error("set gateways", "error", err)
+	}
+	c.setGatewayNotices(notices)
+}
+
+func (c *cluster) gateways() ([]sdk.NetworkGateway, []sdk.Notice) {
+	objs, _ := c.serviceInf.GetIndexer().ByIndex(indexGateway, "")
+	svcs := make([]*corev1.Service, 0, len(objs))
+	for _, o := range objs {
+		if svc := o.(*corev1.Service); c.discovered(svc.Namespace) {
+			svcs = append(svcs, svc)
+		}
+	}
+	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return gateways(c.spec.id, svcs, c)
+}
+
+// network is the default network of the cluster's endpoints: the system
+// namespace's topology.istio.io/network label, else the spec's.
+func (c *cluster) network() string {
+	if o, ok, _ := c.namespaceInf.GetIndexer().GetByKey(c.spec.opts.systemNamespace); ok {
+		if n := o.(*corev1.Namespace).Labels[labelNetwork]; n != "" {
+			return n
+		}
+	}
+	return c.spec.network
+}
+
+// discovered reports whether discovery_namespaces selects the namespace.
+func (c *cluster) discovered(namespace string) bool {
+	if len(c.spec.opts.discovery) == 0 {
+		return true
+	}
+	o, ok, _ := c.namespaceInf.GetIndexer().GetByKey(namespace)
+	return ok && c.selects(o.(*corev1.Namespace))
+}
+
+func (c *cluster) selects(ns *corev1.Namespace) bool {
+	if ns == nil {
+		return false
+	}
+	if len(c.spec.opts.discovery) == 0 {
+		return true
+	}
+	for _, sel := range c.spec.opts.discovery {
+		if sel.Matches(labels.Set(ns.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *cluster) slicesOf(namespace, name string) []*discoveryv1.EndpointSlice {
+	objs, _ := c.sliceInf.GetIndexer().ByIndex(indexByService, namespace+"/"+name)
+	out := make([]*discoveryv1.EndpointSlice, len(objs))
+	for i, o := range objs {
+		out[i] = o.(*discoveryv1.EndpointSlice)
+	}
+	// Deterministic: which slice wins for an address listed twice.
+	slices.SortFunc(out, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// pod and node implement objects and gatewayObjects.
+func (c *cluster) pod(namespace, name string) *corev1.Pod {
+	o, ok, _ := c.podInf.GetIndexer().GetByKey(namespace + "/" + name)
+	if !ok {
+		return nil
+	}
+	return o.(*corev1.Pod)
+}
+
+func (c *cluster) node(name string) *corev1.Node {
+	if name == "" {
+		return nil
+	}
+	o, ok, _ := c.nodeInf.GetIndexer().GetByKey(name)
+	if !ok {
+		return nil
+	}
+	return o.(*corev1.Node)
+}
+
+func (c *cluster) nodes() []*corev1.Node {
+	objs := c.nodeInf.GetStore().List()
+	out := make([]*corev1.Node, len(objs))
+	for i, o := range objs {
+		out[i] = o.(*corev1.Node)
+	}
+	return out
+}
+
+func (c *cluster) endpointNodes(svc *corev1.Service) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range c.slicesOf(svc.Namespace, svc.Name) {
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			if !isReady(e) {
+				continue
+			}
+			switch {
+			case e.NodeName != nil:
+				out[*e.NodeName] = true
+			case e.TargetRef != nil && e.TargetRef.Kind == "Pod":
+				if p := c.pod(cmp.Or(e.TargetRef.Namespace, s.Namespace), e.TargetRef.Name); p != nil && p.Spec.NodeName != "" {
+					out[p.Spec.NodeName] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+// --- informer events ---
+
+func handlerFuncs(f func(old, cur any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { f(nil, obj) },
+		UpdateFunc: f,
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			f(obj, nil)
+		},
+	}
+}
+
+func (c *cluster) enqueue(item workItem) {
+	if c.live.Load() {
+		c.queue.Add(item)
+	}
+}
+
+func (c *cluster) enqueueService(namespace, name string) {
+	c.enqueue(workItem{kind: itemService, namespace: namespace, name: name})
+}
+
+func (c *cluster) onService(oldObj, curObj any) {
+	if !c.live.Load() {
+		return
+	}
+	old, _ := oldObj.(*corev1.Service)
+	cur, _ := curObj.(*corev1.Service)
+	if old != nil && cur != nil && old.ResourceVersion == cur.ResourceVersion {
+		return // a relist, nothing changed
+	}
+	some := cmpOr(cur, old)
+	if some == nil {
+		return
+	}
+	c.enqueueService(some.Namespace, some.Name)
+	if (old != nil && old.Labels[labelNetwork] != "") || (cur != nil && cur.Labels[labelNetwork] != "") {
+		c.enqueue(workItem{kind: itemGateways})
+	}
+}
+
+func (c *cluster) onSlice(oldObj, curObj any) {
+	if !c.live.Load() {
+		return
+	}
+	old, _ := oldObj.(*discoveryv1.EndpointSlice)
+	cur, _ := curObj.(*discoveryv1.EndpointSlice)
+	if old != nil && cur != nil && old.ResourceVersion == cur.ResourceVersion {
+		return
+	}
+	gateway := false
+	for _, s := range []*discoveryv1.EndpointSlice{old, cur} {
+		if s == nil || s.Labels[labelServiceName] == "" {
+			continue
+		}
+		name := s.Labels[labelServiceName]
+		c.enqueueService(s.Namespace, name)
+		if o, ok, _ := c.serviceInf.GetIndexer().GetByKey(s.Namespace + "/" + name); ok && o.(*corev1.Service).Labels[labelNetwork] != "" {
+			gateway = true // its endpoints decide which nodes are gateways (externalTrafficPolicy Local)
+		}
+	}
+	if gateway {
+		c.enqueue(workItem{kind: itemGateways})
+	}
+}
+
+func (c *cluster) onPod(oldObj, curObj any) {
+	if !c.live.Load() {
+		return
+	}
+	old, _ := oldObj.(*corev1.Pod)
+	cur, _ := curObj.(*corev1.Pod)
+	if old != nil && cur != nil && !podChanged(old, cur) {
+		return
+	}
+	p := cmpOr(cur, old)
+	if p == nil {
+		return
+	}
+	c.enqueueSlicesBy(indexByPod, p.Namespace+"/"+p.Name)
+}
+
+// podChanged reports a change in what endpoints take from a pod.
+func podChanged(a, b *corev1.Pod) bool {
+	return a.Spec.NodeName != b.Spec.NodeName || a.Spec.ServiceAccountName != b.Spec.ServiceAccountName ||
+		!maps.Equal(a.Labels, b.Labels)
+}
+
+func (c *cluster) onNode(oldObj, curObj any) {
+	if !c.live.Load() {
+		return
+	}
+	old, _ := oldObj.(*corev1.Node)
+	cur, _ := curObj.(*corev1.Node)
+	if old != nil && cur != nil && maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Status.Addresses, cur.Status.Addresses) {
+		return // status heartbeats and the like
+	}
+	n := cmpOr(cur, old)
+	if n == nil {
+		return
+	}
+	if old == nil || cur == nil || nodeLocality(old) != nodeLocality(cur) {
+		c.enqueueSlicesBy(indexByNode, n.Name)
+	}
+	c.enqueue(workItem{kind: itemGateways})
+}
+
+func (c *cluster) onNamespace(oldObj, curObj any) {
+	if !c.live.Load() {
+		return
+	}
+	old, _ := oldObj.(*corev1.Namespace)
+	cur, _ := curObj.(*corev1.Namespace)
+	ns := cmpOr(cur, old)
+	if ns == nil {
+		return
+	}
+	label := func(n *corev1.Namespace) string {
+		if n == nil {
+			return ""
+		}
+		return n.Labels[labelNetwork]
+	}
+	if ns.Name == c.spec.opts.systemNamespace && label(old) != label(cur) {
+		c.enqueue(workItem{kind: itemAll}) // the cluster's network changed
+		return
+	}
+	if len(c.spec.opts.discovery) > 0 && c.selects(old) != c.selects(cur) {
+		objs, _ := c.serviceInf.GetIndexer().ByIndex(cache.NamespaceIndex, ns.Name)
+		for _, o := range objs {
+			c.enqueueService(ns.Name, o.(*corev1.Service).Name)
+		}
+		c.enqueue(workItem{kind: itemGateways})
+	}
+}
+
+// enqueueSlicesBy queues the services of the EndpointSlices under key in index.
+func (c *cluster) enqueueSlicesBy(index, key string) {
+	objs, _ := c.sliceInf.GetIndexer().ByIndex(index, key)
+	for _, o := range objs {
+		s := o.(*discoveryv1.EndpointSlice)
+		if name := s.Labels[labelServiceName]; name != "" {
+			c.enqueueService(s.Namespace, name)
+		}
+	}
+}
+
+func cmpOr[T any](a, b *T) *T {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// --- health ---
+
+// observer reports every API response to the cluster's health tracking.
+type observer struct {
+	next    http.RoundTripper
+	observe func(*http.Request, *http.Response, error)
+}
+
+func (o *observer) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := o.next.RoundTrip(req)
+	o.observe(req, resp, err)
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go reach the transport underneath.
+func (o *observer) WrappedRoundTripper() http.RoundTripper { return o.next }
+
+// observe records the outcome of one request. Each request path (one per
+// informer) keeps its last outcome: the cluster is healthy when none failed.
+func (c *cluster) observe(req *http.Request, resp *http.Response, err error) {
+	var failure string
+	switch {
+	case err != nil:
+		if req.Context().Err() != nil {
+			return // cancelled by us
+		}
+		failure = err.Error()
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden || resp.StatusCode >= 500:
+		failure = fmt.Sprintf("%s %s: %s", req.Method, req.URL.Path, resp.Status)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	if old, ok := c.failures[req.URL.Path]; ok && old == failure {
+		return
+	}
+	c.failures[req.URL.Path] = failure
+	c.publishHealthLocked()
+}
+
+// onWatchError is called when an informer's list or watch fails. The
+// failed request itself was reported to observe; this only logs.
+func (c *cluster) onWatchError(r *cache.Reflector, err error) {
+	c.mu.Lock()
+	stopped := c.stopped
+	c.mu.Unlock()
+	if !stopped && c.ctx.Err() == nil {
+		c.log.Warn("list/watch failed; retrying with backoff", "server", c.server, "error", err)
+	}
+}
+
+func (c *cluster) setGatewayNotices(n []sdk.Notice) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gwNotices = n
+	c.publishHealthLocked()
+}
+
+// setExtraNotices sets notices others report about this instance.
+func (c *cluster) setExtraNotices(n []sdk.Notice) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.extra = n
+	c.publishHealthLocked()
+}
+
+// publishHealthLocked sends the instance's health. Caller holds c.mu.
+func (c *cluster) publishHealthLocked() {
+	if !c.activated || c.stopped {
+		return
+	}
+	h := sdk.InstanceHealth{Healthy: true}
+	var failed []string
+	for _, p := range slices.Sorted(maps.Keys(c.failures)) {
+		if f := c.failures[p]; f != "" && !slices.Contains(failed, f) {
+			failed = append(failed, f)
+		}
+	}
+	switch {
+	case len(failed) > 0 && c.published:
+		h.Healthy = false
+		h.Message = fmt.Sprintf("disconnected from API server %s, serving the last-known state: %s", c.server, strings.Join(failed, "; "))
+	case len(failed) > 0:
+		h.Healthy = false
+		h.Message = fmt.Sprintf("cannot sync with API server %s: %s", c.server, strings.Join(failed, "; "))
+	case !c.published:
+		h.Message = "syncing with API server " + c.server
+	}
+	h.Notices = slices.Concat(c.extra, c.gwNotices)
+	if err := c.state.SetHealth(c.id, h); err != nil {
+		c.log.Error("set health", "error", err)
+	}
+}

@@ -1,0 +1,186 @@
+package kubernetes
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Defaults of the config block.
+const (
+	defaultClusterID         = "Kubernetes" // as in Istio
+	defaultDomainSuffix      = "cluster.local"
+	defaultTrustDomain       = "cluster.local"
+	defaultSecretNamespace   = "istio-system"
+	defaultRemoteSyncTimeout = 30 * time.Second
+)
+
+var schema = &sdk.Schema{Attributes: []sdk.Attribute{
+	{Name: "kubeconfig", Type: "string", Description: "path of the primary cluster's kubeconfig; empty means in-cluster"},
+	{Name: "context", Type: "string", Description: "kubeconfig context of the primary cluster; empty means the current one"},
+	{Name: "cluster_id", Type: "string", Description: `the primary cluster's ID; default mesh.cluster_id, else "Kubernetes"`},
+	{Name: "network", Type: "string", Description: "default network of the primary cluster's endpoints; default mesh.network"},
+	{Name: "domain_suffix", Type: "string", Description: `DNS suffix of service host names; default mesh.domain_suffix, else "cluster.local"`},
+	{Name: "trust_domain", Type: "string", Description: `trust domain of workload identities (spiffe://TRUST_DOMAIN/ns/NS/sa/SA); default "cluster.local"`},
+	{Name: "secret_namespace", Type: "string", Description: `namespace of remote secrets, and the system namespace whose topology.istio.io/network label names a cluster's network; default "istio-system"`},
+	{Name: "discovery_namespaces", Type: "list(string)", Description: "label selectors; a namespace matching any is watched; empty means all"},
+	{Name: "remote_sync_timeout", Type: "string", Description: `how long readiness waits for a remote cluster, and a rotated kubeconfig, to sync; default "30s"`},
+	{Name: "allow_kubeconfig_options", Type: "list(string)", Description: "kubeconfig features remote secrets may use: " + strings.Join(kubeconfigOptions, ", ")},
+	{Name: "allowed_servers", Type: "list(string)", Description: "CIDRs or host names (*.example.com) remote API servers must be in; empty means any"},
+}}
+
+// config is the decoded config block; unset attributes are nil.
+type config struct {
+	Kubeconfig             *string  `json:"kubeconfig"`
+	Context                *string  `json:"context"`
+	ClusterID              *string  `json:"cluster_id"`
+	Network                *string  `json:"network"`
+	DomainSuffix           *string  `json:"domain_suffix"`
+	TrustDomain            *string  `json:"trust_domain"`
+	SecretNamespace        *string  `json:"secret_namespace"`
+	DiscoveryNamespaces    []string `json:"discovery_namespaces"`
+	RemoteSyncTimeout      *string  `json:"remote_sync_timeout"`
+	AllowKubeconfigOptions []string `json:"allow_kubeconfig_options"`
+	AllowedServers         []string `json:"allowed_servers"`
+}
+
+// options is a validated config with defaults applied.
+type options struct {
+	kubeconfig, context string
+	clusterID           string
+	network             string
+	domainSuffix        string
+	trustDomain         string
+	systemNamespace     string
+	discovery           []labels.Selector // empty: every namespace
+	remoteSyncTimeout   time.Duration
+	policy              kubeconfigPolicy
+}
+
+// parseConfig validates cfg, reporting every problem with its path.
+func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics) {
+	var diags sdk.Diagnostics
+	o := &options{
+		kubeconfig:        deref(cfg.Kubeconfig),
+		context:           deref(cfg.Context),
+		clusterID:         cmp.Or(deref(cfg.ClusterID), mesh.ClusterID, defaultClusterID),
+		network:           cmp.Or(deref(cfg.Network), mesh.Network),
+		domainSuffix:      strings.Trim(cmp.Or(deref(cfg.DomainSuffix), mesh.DomainSuffix, defaultDomainSuffix), "."),
+		trustDomain:       cmp.Or(deref(cfg.TrustDomain), defaultTrustDomain),
+		systemNamespace:   cmp.Or(deref(cfg.SecretNamespace), defaultSecretNamespace),
+		remoteSyncTimeout: defaultRemoteSyncTimeout,
+		policy:            kubeconfigPolicy{allowed: map[string]bool{}},
+	}
+	if cfg.ClusterID != nil && *cfg.ClusterID == "" {
+		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty")
+	}
+	if msgs := validation.IsDNS1123Subdomain(o.domainSuffix); len(msgs) > 0 {
+		diags.Errorf([]string{"domain_suffix"}, "domain_suffix %q is not a DNS name: %s", o.domainSuffix, strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsDNS1123Label(o.systemNamespace); len(msgs) > 0 {
+		diags.Errorf([]string{"secret_namespace"}, "secret_namespace %q is not a namespace name: %s", o.systemNamespace, strings.Join(msgs, "; "))
+	}
+	if o.context != "" && o.kubeconfig == "" {
+		diags.Errorf([]string{"context"}, "context %q needs a kubeconfig; without one the plugin uses the in-cluster config", o.context)
+	}
+	for i, s := range cfg.DiscoveryNamespaces {
+		sel, err := labels.Parse(s)
+		if err != nil {
+			diags.Errorf([]string{"discovery_namespaces", strconv.Itoa(i)}, "discovery_namespaces[%d] is not a label selector: %v", i, err)
+			continue
+		}
+		if sel.Empty() {
+			diags.Errorf([]string{"discovery_namespaces", strconv.Itoa(i)}, "discovery_namespaces[%d] is empty; leave the list empty to watch every namespace", i)
+			continue
+		}
+		o.discovery = append(o.discovery, sel)
+	}
+	if cfg.RemoteSyncTimeout != nil {
+		d, err := time.ParseDuration(*cfg.RemoteSyncTimeout)
+		switch {
+		case err != nil:
+			diags.Errorf([]string{"remote_sync_timeout"}, "remote_sync_timeout %q is not a duration such as \"30s\": %v", *cfg.RemoteSyncTimeout, err)
+		case d <= 0:
+			diags.Errorf([]string{"remote_sync_timeout"}, "remote_sync_timeout must be positive, not %s", d)
+		default:
+			o.remoteSyncTimeout = d
+		}
+	}
+	for i, opt := range cfg.AllowKubeconfigOptions {
+		if !slices.Contains(kubeconfigOptions, opt) {
+			diags.Errorf([]string{"allow_kubeconfig_options", strconv.Itoa(i)}, "unknown kubeconfig option %q (want one of %s)", opt, strings.Join(kubeconfigOptions, ", "))
+			continue
+		}
+		o.policy.allowed[opt] = true
+	}
+	if len(cfg.AllowedServers) > 0 {
+		servers, errs := parseAllowedServers(cfg.AllowedServers)
+		for i := range cfg.AllowedServers {
+			if err := errs[i]; err != nil {
+				diags.Errorf([]string{"allowed_servers", strconv.Itoa(i)}, "allowed_servers[%d]: %v", i, err)
+			}
+		}
+		o.policy.servers = servers
+	}
+	return o, diags
+}
+
+// primaryConfig loads the primary cluster's client config: the kubeconfig
+// file (with its context) or the in-cluster config. It also returns a
+// digest of the file, so that a reconfigure notices a changed file.
+func primaryConfig(o *options) (*rest.Config, [32]byte, sdk.Diagnostics) {
+	var diags sdk.Diagnostics
+	if o.kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			diags.Errorf([]string{"kubeconfig"}, "no kubeconfig given and not running in a cluster: %v", err)
+		}
+		return rc, [32]byte{}, diags
+	}
+	data, err := os.ReadFile(o.kubeconfig)
+	if err != nil {
+		diags.Errorf([]string{"kubeconfig"}, "read kubeconfig: %v", err)
+		return nil, [32]byte{}, diags
+	}
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}
+	kc, err := rules.Load()
+	if err != nil {
+		diags.Errorf([]string{"kubeconfig"}, "load kubeconfig %s: %v", o.kubeconfig, err)
+		return nil, [32]byte{}, diags
+	}
+	if o.context != "" && kc.Contexts[o.context] == nil {
+		diags.Errorf([]string{"context"}, "kubeconfig %s has no context %q", o.kubeconfig, o.context)
+		return nil, [32]byte{}, diags
+	}
+	rc, err := clientcmd.NewNonInteractiveClientConfig(*kc, o.context, &clientcmd.ConfigOverrides{}, rules).ClientConfig()
+	if err != nil {
+		diags.Errorf([]string{"kubeconfig"}, "kubeconfig %s: %v", o.kubeconfig, err)
+		return nil, [32]byte{}, diags
+	}
+	return rc, sha256.Sum256(data), diags
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// configKey identifies a configuration: Configure with the same key again
+// changes nothing.
+func configKey(req *sdk.ConfigureRequest, kubeconfigDigest [32]byte) string {
+	return fmt.Sprintf("%x|%s|%s|%s|%x", sha256.Sum256(req.ConfigJSON), req.Mesh.ClusterID, req.Mesh.Network, req.Mesh.DomainSuffix, kubeconfigDigest)
+}

@@ -1,0 +1,350 @@
+package kubernetes
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Well-known labels and annotations read from Kubernetes objects.
+const (
+	labelNetwork      = "topology.istio.io/network"
+	labelSubzone      = "topology.istio.io/subzone"
+	labelRegion       = "topology.kubernetes.io/region"
+	labelZone         = "topology.kubernetes.io/zone"
+	labelTLSMode      = "security.istio.io/tlsMode"
+	labelServiceName  = discoveryv1.LabelServiceName // on EndpointSlices
+	annotationExport  = "networking.istio.io/exportTo"
+	labelMultiCluster = "istio/multiCluster"
+)
+
+// converter turns one cluster's Kubernetes objects into SDK values. It is
+// used by one goroutine at a time (the cluster's worker).
+type converter struct {
+	clusterID    string
+	domainSuffix string
+	trustDomain  string
+	// network is given to endpoints whose pod names none: the system
+	// namespace's label, else the configured network.
+	network string
+	// identities interns SPIFFE identities, which 100,000 endpoints share
+	// among a few hundred service accounts.
+	identities map[string]string
+}
+
+// hostname is the service's DNS name, NAME.NAMESPACE.svc.DOMAIN_SUFFIX.
+func (c *converter) hostname(namespace, name string) string {
+	return name + "." + namespace + ".svc." + c.domainSuffix
+}
+
+// service converts a Kubernetes Service.
+func (c *converter) service(svc *corev1.Service) *sdk.Service {
+	out := &sdk.Service{
+		Hostname:  c.hostname(svc.Namespace, svc.Name),
+		Namespace: svc.Namespace,
+		Name:      svc.Name,
+		Labels:    svc.Labels,
+		ExportTo:  exportTo(svc.Annotations[annotationExport]),
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.Protocol == corev1.ProtocolSCTP {
+			continue // no proxy can carry SCTP
+		}
+		out.Ports = append(out.Ports, sdk.Port{Name: p.Name, Number: uint32(p.Port), Protocol: protocol(p)})
+	}
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		out.Resolution = sdk.ResolutionDNS
+		out.MeshExternal = true
+	case isHeadless(svc):
+		out.Resolution = sdk.ResolutionPassthrough
+	default:
+		if vips := clusterIPs(svc); len(vips) > 0 {
+			out.VIPs = map[string][]string{c.clusterID: vips}
+		}
+	}
+	if ext := externalAddresses(svc); len(ext) > 0 {
+		out.ExternalAddresses = map[string][]string{c.clusterID: ext}
+	}
+	if np := nodePorts(svc); len(np) > 0 {
+		out.NodePorts = map[string]map[uint32]uint32{c.clusterID: np}
+	}
+	return out
+}
+
+func isHeadless(svc *corev1.Service) bool {
+	return svc.Spec.ClusterIP == corev1.ClusterIPNone
+}
+
+func clusterIPs(svc *corev1.Service) []string {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []string
+	for _, ip := range ips {
+		if ip != "" && ip != corev1.ClusterIPNone {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// externalAddresses are spec.externalIPs, then LoadBalancer ingress IPs or
+// hostnames (kept unresolved), without repeats.
+func externalAddresses(svc *corev1.Service) []string {
+	var out []string
+	add := func(a string) {
+		if a != "" && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	for _, ip := range svc.Spec.ExternalIPs {
+		add(ip)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			add(cmp.Or(in.IP, in.Hostname))
+		}
+	}
+	return out
+}
+
+func nodePorts(svc *corev1.Service) map[uint32]uint32 {
+	if svc.Spec.Type != corev1.ServiceTypeNodePort && svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		return nil
+	}
+	var out map[uint32]uint32
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[uint32]uint32{}
+		}
+		out[uint32(p.Port)] = uint32(p.NodePort)
+	}
+	return out
+}
+
+// exportTo parses networking.istio.io/exportTo: namespaces separated by
+// commas, "*" for all, "." for the service's own.
+func exportTo(v string) []string {
+	if v == "" {
+		return nil
+	}
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Protocols in Istio's spelling, by lower-case name.
+var protocols = map[string]string{
+	"tcp":        "TCP",
+	"udp":        "UDP",
+	"grpc":       "GRPC",
+	"grpc-web":   "GRPC-Web",
+	"http":       "HTTP",
+	"http_proxy": "HTTP_PROXY",
+	"http2":      "HTTP2",
+	"https":      "HTTPS",
+	"tls":        "TLS",
+	"mongo":      "Mongo",
+	"redis":      "Redis",
+	"mysql":      "MySQL",
+}
+
+// Application protocols Kubernetes itself defines (KEP-3726).
+var kubeAppProtocols = map[string]string{
+	"kubernetes.io/h2c": "HTTP2",
+	"kubernetes.io/ws":  "HTTP",
+	"kubernetes.io/wss": "HTTPS",
+}
+
+// protocol picks a service port's protocol: UDP ports are UDP; otherwise
+// appProtocol names it, else the port name's prefix before the first '-'
+// ("http-web" is HTTP, "grpc-web-x" is GRPC-Web); anything unknown is TCP.
+func protocol(p corev1.ServicePort) string {
+	if p.Protocol == corev1.ProtocolUDP {
+		return "UDP"
+	}
+	name := p.Name
+	if p.AppProtocol != nil && *p.AppProtocol != "" {
+		if v, ok := kubeAppProtocols[*p.AppProtocol]; ok {
+			return v
+		}
+		name = *p.AppProtocol
+	}
+	name = strings.ToLower(name)
+	if strings.HasPrefix(name, "grpc-web") {
+		return "GRPC-Web"
+	}
+	if i := strings.IndexByte(name, '-'); i >= 0 {
+		name = name[:i]
+	}
+	if v, ok := protocols[name]; ok {
+		return v
+	}
+	return "TCP"
+}
+
+// objects is what endpoint conversion reads from a cluster's caches.
+type objects interface {
+	pod(namespace, name string) *corev1.Pod
+	node(name string) *corev1.Node
+}
+
+// externalNameEndpoints is the one endpoint of an ExternalName service: the
+// external name itself, resolved by DNS.
+func (c *converter) externalNameEndpoints(svc *corev1.Service) []sdk.Endpoint {
+	if svc.Spec.ExternalName == "" {
+		return nil
+	}
+	return []sdk.Endpoint{{Address: svc.Spec.ExternalName, Network: c.network}}
+}
+
+// endpoints builds a service's endpoints from its EndpointSlices: the ready
+// endpoints (all of them if the service publishes not-ready addresses), one
+// per address, with the service port names mapped to the slice's ports.
+// An address listed by several slices (for example while the EndpointSlice
+// controller moves it) appears once, with the ports of all.
+func (c *converter) endpoints(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, objs objects) []sdk.Endpoint {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return c.externalNameEndpoints(svc)
+	}
+	n := 0
+	for _, s := range slices {
+		n += len(s.Endpoints)
+	}
+	out := make([]sdk.Endpoint, 0, n)
+	var seen map[string]int // address -> index in out, only with several slices
+	if len(slices) > 1 {
+		seen = make(map[string]int, n)
+	}
+	for _, s := range slices {
+		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		ports := targetPorts(svc, s) // shared by the slice's endpoints; never modified
+		for i := range s.Endpoints {
+			e := &s.Endpoints[i]
+			if len(e.Addresses) == 0 || (!svc.Spec.PublishNotReadyAddresses && !isReady(e)) {
+				continue
+			}
+			addr := e.Addresses[0] // the others are the same endpoint
+			if seen != nil {
+				if j, dup := seen[addr]; dup {
+					out[j].TargetPorts = mergePorts(out[j].TargetPorts, ports)
+					continue
+				}
+				seen[addr] = len(out)
+			}
+			out = append(out, c.endpoint(svc.Namespace, addr, ports, e, objs))
+		}
+	}
+	return out
+}
+
+func isReady(e *discoveryv1.Endpoint) bool {
+	// Unset means ready (API convention for EndpointConditions.Ready).
+	return e.Conditions.Ready == nil || *e.Conditions.Ready
+}
+
+func (c *converter) endpoint(namespace, addr string, ports map[string]uint32, e *discoveryv1.Endpoint, objs objects) sdk.Endpoint {
+	ep := sdk.Endpoint{Address: addr, TargetPorts: ports, Network: c.network}
+	var pod *corev1.Pod
+	if ref := e.TargetRef; ref != nil && ref.Kind == "Pod" {
+		pod = objs.pod(cmp.Or(ref.Namespace, namespace), ref.Name)
+		ep.WorkloadName = ref.Name
+	}
+	nodeName := ""
+	if e.NodeName != nil {
+		nodeName = *e.NodeName
+	}
+	if pod != nil {
+		ep.Labels = pod.Labels // shared with the cache, never modified
+		if n := pod.Labels[labelNetwork]; n != "" {
+			ep.Network = n
+		}
+		if pod.Labels[labelTLSMode] == "istio" {
+			ep.TLSMode = sdk.TLSModeIstio
+		}
+		ep.ServiceAccount = c.identity(pod.Namespace, pod.Spec.ServiceAccountName)
+		nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
+	}
+	if node := objs.node(nodeName); node != nil {
+		ep.Locality = nodeLocality(node)
+	} else if e.Zone != nil {
+		ep.Locality.Zone = *e.Zone
+	}
+	return ep
+}
+
+// identity is the SPIFFE identity of a service account, as Istio writes it.
+func (c *converter) identity(namespace, account string) string {
+	if account == "" {
+		return ""
+	}
+	key := namespace + "/" + account
+	if id, ok := c.identities[key]; ok {
+		return id
+	}
+	id := "spiffe://" + c.trustDomain + "/ns/" + namespace + "/sa/" + account
+	if c.identities == nil {
+		c.identities = map[string]string{}
+	}
+	c.identities[key] = id
+	return id
+}
+
+func nodeLocality(n *corev1.Node) sdk.Locality {
+	return sdk.Locality{Region: n.Labels[labelRegion], Zone: n.Labels[labelZone], Subzone: n.Labels[labelSubzone]}
+}
+
+// targetPorts maps the service's port names to the slice's port numbers.
+func targetPorts(svc *corev1.Service, s *discoveryv1.EndpointSlice) map[string]uint32 {
+	var out map[string]uint32
+	for _, sp := range s.Ports {
+		if sp.Port == nil {
+			continue
+		}
+		name := ""
+		if sp.Name != nil {
+			name = *sp.Name
+		}
+		if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == name }) {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]uint32, len(s.Ports))
+		}
+		out[name] = uint32(*sp.Port)
+	}
+	return out
+}
+
+func mergePorts(a, b map[string]uint32) map[string]uint32 {
+	if len(b) == 0 || maps.Equal(a, b) {
+		return a
+	}
+	out := maps.Clone(a)
+	if out == nil {
+		out = map[string]uint32{}
+	}
+	for k, v := range b {
+		if _, ok := out[k]; !ok {
+			out[k] = v
+		}
+	}
+	return out
+}

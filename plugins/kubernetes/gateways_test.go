@@ -1,0 +1,207 @@
+package kubernetes
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+func gatewaySvc(mutate func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "eastwest", Namespace: "istio-system", Labels: map[string]string{labelNetwork: "net1"}},
+		Spec: corev1.ServiceSpec{
+			Type:      corev1.ServiceTypeLoadBalancer,
+			ClusterIP: "10.96.0.20",
+			Ports:     []corev1.ServicePort{{Name: "tls", Port: 15443, NodePort: 31443}, {Name: "tls-alt", Port: 16443, NodePort: 31644}},
+		},
+	}
+	mutate(s)
+	return s
+}
+
+func nodePortGateway(selector string, local bool) func(*corev1.Service) {
+	return func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+		s.Annotations = map[string]string{annotationNodeSelector: selector}
+		if local {
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}
+	}
+}
+
+func TestGateways(t *testing.T) {
+	objs := fakeGatewayObjects{&fakeObjects{
+		nodes: map[string]*corev1.Node{
+			"n1": nodeObj("n1", map[string]string{"gw": "yes", labelRegion: "eu", labelZone: "eu-1"}, "203.0.113.1"),
+			"n2": nodeObj("n2", map[string]string{"gw": "yes"}),
+			"n3": nodeObj("n3", map[string]string{"gw": "no"}, "203.0.113.3"),
+			"n4": nodeObj("n4", map[string]string{"gw": "yes", labelRegion: "us"}, "203.0.113.4"),
+		},
+		ready: map[string]bool{"n1": true},
+	}}
+	eu := sdk.Locality{Region: "eu", Zone: "eu-1"}
+	tests := []struct {
+		name        string
+		svc         *corev1.Service
+		want        []sdk.NetworkGateway
+		wantNotices []string // substrings, one notice each, in order
+	}{
+		{
+			name: "not a gateway without the network label",
+			svc:  gatewaySvc(func(s *corev1.Service) { s.Labels = nil }),
+		},
+		{
+			name: "load balancer ingress IP and hostname",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}, {Hostname: "gw.example.com"}}
+			}),
+			want: []sdk.NetworkGateway{
+				{Network: "net1", Cluster: "c1", Address: "198.51.100.1", Port: 15443},
+				{Network: "net1", Cluster: "c1", Address: "gw.example.com", Port: 15443},
+			},
+		},
+		{
+			name: "load balancer without ingress yet",
+			svc:  gatewaySvc(func(s *corev1.Service) {}),
+			wantNotices: []string{
+				"no gateway address: the LoadBalancer has no ingress yet",
+			},
+		},
+		{
+			name: "externalIPs with a custom gatewayPort label",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeClusterIP
+				s.Spec.ExternalIPs = []string{"192.0.2.10", "192.0.2.11"}
+				s.Labels[labelGatewayPort] = "16443"
+			}),
+			want: []sdk.NetworkGateway{
+				{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 16443},
+				{Network: "net1", Cluster: "c1", Address: "192.0.2.11", Port: 16443},
+			},
+		},
+		{
+			name: "gatewayPort as annotation",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Spec.ExternalIPs = []string{"192.0.2.10"}
+				s.Annotations = map[string]string{labelGatewayPort: "8443"}
+			}),
+			want: []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 8443}},
+		},
+		{
+			name: "bad gatewayPort falls back to 15443",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Spec.ExternalIPs = []string{"192.0.2.10"}
+				s.Labels[labelGatewayPort] = "tls"
+			}),
+			want:        []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 15443}},
+			wantNotices: []string{`networking.istio.io/gatewayPort "tls" is not a port number`},
+		},
+		{
+			name: "node port with node selector",
+			svc:  gatewaySvc(nodePortGateway(`{"gw": "yes"}`, false)),
+			want: []sdk.NetworkGateway{
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.1", Port: 31443, Locality: eu},
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.4", Port: 31443, Locality: sdk.Locality{Region: "us"}},
+			},
+			wantNotices: []string{"node n2 dropped: it has no ExternalIP address"},
+		},
+		{
+			name: "node port with externalTrafficPolicy Local uses nodes with ready endpoints",
+			svc:  gatewaySvc(nodePortGateway(`{"gw": "yes"}`, true)),
+			want: []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "203.0.113.1", Port: 31443, Locality: eu}},
+			wantNotices: []string{
+				"node n2 dropped: it has no ExternalIP address",
+				"node n4 (203.0.113.4) dropped: externalTrafficPolicy is Local and no ready endpoint",
+			},
+		},
+		{
+			name: "node port with a LabelSelector and a custom port",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				nodePortGateway(`{"matchExpressions": [{"key": "gw", "operator": "In", "values": ["no"]}]}`, false)(s)
+				s.Labels[labelGatewayPort] = "16443"
+			}),
+			want: []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "203.0.113.3", Port: 31644}},
+		},
+		{
+			name: "empty node selector selects every node",
+			svc:  gatewaySvc(nodePortGateway(`{}`, false)),
+			want: []sdk.NetworkGateway{
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.1", Port: 31443, Locality: eu},
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.3", Port: 31443},
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.4", Port: 31443, Locality: sdk.Locality{Region: "us"}},
+			},
+			wantNotices: []string{"node n2 dropped"},
+		},
+		{
+			name: "node port gateway port without node port",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				nodePortGateway(`{"gw": "yes"}`, false)(s)
+				s.Labels[labelGatewayPort] = "9999"
+			}),
+			wantNotices: []string{"the service has no port 9999"},
+		},
+		{
+			name:        "bad node selector",
+			svc:         gatewaySvc(nodePortGateway(`gw=yes`, false)),
+			wantNotices: []string{"traffic.istio.io/nodeSelector: \"gw=yes\" is neither a JSON map"},
+		},
+		{
+			name:        "node selector matching nothing",
+			svc:         gatewaySvc(nodePortGateway(`{"gw": "never"}`, false)),
+			wantNotices: []string{"no node matches"},
+		},
+		{
+			name: "node port without selector",
+			svc:  gatewaySvc(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }),
+			wantNotices: []string{
+				"a NodePort gateway needs the traffic.istio.io/nodeSelector annotation",
+			},
+		},
+		{
+			name: "node selector on a load balancer is ignored",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Annotations = map[string]string{annotationNodeSelector: `{}`}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+			}),
+			want:        []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "198.51.100.1", Port: 15443}},
+			wantNotices: []string{"traffic.istio.io/nodeSelector ignored: the service's type is LoadBalancer"},
+		},
+		{
+			name: "address override replaces discovered addresses",
+			svc: gatewaySvc(func(s *corev1.Service) {
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+				s.Annotations = map[string]string{annotationGatewayAddress: "203.0.113.99:443, gw.example.com,[2001:db8::1]:8443, bad host!"}
+			}),
+			want: []sdk.NetworkGateway{
+				{Network: "net1", Cluster: "c1", Address: "203.0.113.99", Port: 443},
+				{Network: "net1", Cluster: "c1", Address: "gw.example.com", Port: 15443},
+				{Network: "net1", Cluster: "c1", Address: "2001:db8::1", Port: 8443},
+			},
+			wantNotices: []string{
+				`"bad host!" is neither an IP address nor a host name`,
+				"address 198.51.100.1 dropped: replaced by the estuary.io/gateway-address annotation",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gws, notices := gateways("c1", []*corev1.Service{tt.svc}, objs)
+			if !slices.Equal(gws, tt.want) {
+				t.Errorf("gateways =\n%+v\nwant\n%+v", gws, tt.want)
+			}
+			if len(notices) != len(tt.wantNotices) {
+				t.Fatalf("notices = %+v, want %d: %q", notices, len(tt.wantNotices), tt.wantNotices)
+			}
+			for i, n := range notices {
+				if n.Subject != "service istio-system/eastwest" || !strings.Contains(n.Message, tt.wantNotices[i]) {
+					t.Errorf("notice %d = %+v, want subject %q and a message with %q", i, n, "service istio-system/eastwest", tt.wantNotices[i])
+				}
+			}
+		})
+	}
+}
