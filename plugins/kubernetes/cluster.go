@@ -61,10 +61,10 @@ type cluster struct {
 	dialer     *connrotation.Dialer
 	server     string // API server URL, for messages
 
-	factory                                              informers.SharedInformerFactory
+	factory                                             informers.SharedInformerFactory
 	serviceInf, sliceInf, podInf, nodeInf, namespaceInf cache.SharedIndexInformer
-	queue                                                workqueue.TypedInterface[workItem]
-	conv                                                 converter // owned by the worker goroutine
+	queue                                               workqueue.TypedInterface[workItem]
+	conv                                                converter // owned by the worker goroutine
 
 	ctx      context.Context
 	cancel   context.CancelFunc

@@ -44,7 +44,7 @@ type controller struct {
 
 	mu      sync.Mutex
 	stopped bool
-	members map[string]*member       // by cluster ID
+	members map[string]*member      // by cluster ID
 	notices map[string][]sdk.Notice // problems of each secret, by secret key
 }
 

@@ -131,7 +131,7 @@ type fakeObjects struct {
 }
 
 func (f *fakeObjects) pod(ns, name string) *corev1.Pod { return f.pods[ns+"/"+name] }
-func (f *fakeObjects) node(name string) *corev1.Node  { return f.nodes[name] }
+func (f *fakeObjects) node(name string) *corev1.Node   { return f.nodes[name] }
 func (f *fakeObjects) nodeList() []*corev1.Node {
 	var out []*corev1.Node
 	for _, n := range f.nodes {
