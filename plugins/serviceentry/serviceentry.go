@@ -1,0 +1,367 @@
+// Package serviceentry is the registry of Istio ServiceEntry and
+// WorkloadEntry objects, read unchanged (istio.io/api types, API versions
+// networking.istio.io/v1, v1beta1 and v1alpha3) from a watched directory of
+// YAML files and, optionally, from a Kubernetes cluster's CRDs.
+//
+// The plugin reports one instance, Provider "ServiceEntry", whose Cluster is
+// the configured cluster_id. Every host of an entry becomes a service;
+// inline endpoints, the WorkloadEntries an entry selects, or (for DNS
+// resolution without either) the host itself become its endpoints. An
+// object that is invalid is skipped and listed in the instance's health
+// notices, with its file, document and field path; a file that turns
+// invalid keeps serving its last good objects until it is fixed.
+package serviceentry
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// Version of the plugin.
+const Version = "0.1.0"
+
+// Name of the plugin.
+const Name = "serviceentry"
+
+// Factory builds the plugin.
+func Factory(rt sdk.Runtime) sdk.Plugin {
+	logger := rt.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &plugin{ctx: rt.Context, logger: logger, state: rt.State}
+}
+
+type plugin struct {
+	ctx    context.Context
+	logger hclog.Logger
+	state  *sdk.State
+
+	mu  sync.Mutex
+	run *runner // nil before the first Configure
+}
+
+var _ sdk.Plugin = (*plugin)(nil)
+
+var configSchema = &sdk.Schema{
+	Attributes: []sdk.Attribute{
+		{Name: "dir", Type: "string", Description: "directory of YAML files holding ServiceEntry and WorkloadEntry objects; watched"},
+		{Name: "cluster_id", Type: "string", Description: "the instance's cluster identity; defaults to mesh.cluster_id"},
+		{Name: "network", Type: "string", Description: "default network of the endpoints; defaults to mesh.network"},
+		{Name: "default_namespace", Type: "string", Description: `namespace of file objects that name none (default "default")`},
+	},
+	Blocks: []sdk.Block{{
+		TypeName:    "kubernetes",
+		Single:      true,
+		Description: "also watch the ServiceEntry and WorkloadEntry CRDs of a cluster",
+		Body: sdk.Schema{Attributes: []sdk.Attribute{
+			{Name: "kubeconfig", Type: "string", Description: "path of a kubeconfig; default: in-cluster, then $KUBECONFIG or ~/.kube/config"},
+			{Name: "namespaces", Type: "list(string)", Description: "namespaces to watch; default: all"},
+		}},
+	}},
+}
+
+type config struct {
+	Dir              *string      `json:"dir"`
+	ClusterID        *string      `json:"cluster_id"`
+	Network          *string      `json:"network"`
+	DefaultNamespace *string      `json:"default_namespace"`
+	Kubernetes       []kubeConfig `json:"kubernetes"`
+}
+
+type kubeConfig struct {
+	Kubeconfig *string  `json:"kubeconfig"`
+	Namespaces []string `json:"namespaces"`
+}
+
+func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{
+		Name:         Name,
+		Version:      Version,
+		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+		ConfigSchema: configSchema,
+	}, nil
+}
+
+// settings is a checked configuration.
+type settings struct {
+	id    sdk.InstanceID
+	props sdk.InstanceProperties
+	dir   string
+	ns    string // default namespace of file objects
+	kube  *kubeSettings
+}
+
+type kubeSettings struct {
+	rest       *rest.Config
+	namespaces []string
+}
+
+func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg config
+	if err := req.Decode(&cfg); err != nil {
+		return nil, fmt.Errorf("serviceentry: decode config: %w", err)
+	}
+	s, diags := check(&cfg, req.Mesh)
+	if diags.HasErrors() {
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.run != nil {
+		// The old sources stop before the new ones publish; the state
+		// they published stays until then.
+		p.run.stop()
+		if p.run.id != s.id {
+			p.state.RemoveInstance(p.run.id)
+		}
+	}
+	p.state.SetInstance(s.id, s.props)
+	logger := p.logger.With("provider", s.id.Provider, "cluster", s.id.Cluster)
+	var sources []source
+	if s.dir != "" {
+		sources = append(sources, newFileSource(s.dir, s.ns, logger.Named("files")))
+	}
+	if s.kube != nil {
+		sources = append(sources, newKubeSource(s.kube, logger.Named("kubernetes")))
+	}
+	p.run = startRunner(p.ctx, p.state, s.id, sources, logger)
+	return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+}
+
+// check validates the config and fills in defaults.
+func check(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
+	var diags sdk.Diagnostics
+	s := &settings{
+		id:    sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: deref(cfg.ClusterID, mesh.ClusterID)},
+		props: sdk.InstanceProperties{DefaultNetwork: deref(cfg.Network, mesh.Network)},
+		dir:   deref(cfg.Dir, ""),
+		ns:    deref(cfg.DefaultNamespace, "default"),
+	}
+	if s.id.Cluster == "" {
+		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty (set it, or mesh.cluster_id)")
+	}
+	if msgs := validation.IsDNS1123Label(s.ns); len(msgs) > 0 {
+		diags.Errorf([]string{"default_namespace"}, "%q is not a namespace name: %s", s.ns, strings.Join(msgs, "; "))
+	}
+	if cfg.Dir != nil {
+		switch fi, err := os.Stat(s.dir); {
+		case s.dir == "":
+			diags.Errorf([]string{"dir"}, "dir must not be empty")
+		case err != nil:
+			diags.Errorf([]string{"dir"}, "directory %s: %v", s.dir, err)
+		case !fi.IsDir():
+			diags.Errorf([]string{"dir"}, "%s is not a directory", s.dir)
+		}
+	}
+	if len(cfg.Kubernetes) > 0 {
+		kc := cfg.Kubernetes[0]
+		s.kube = &kubeSettings{namespaces: slices.Clone(kc.Namespaces)}
+		rc, err := restConfig(deref(kc.Kubeconfig, ""))
+		if err != nil {
+			diags.Errorf([]string{"kubernetes", "0", "kubeconfig"}, "%v", err)
+		}
+		s.kube.rest = rc
+		for i, ns := range kc.Namespaces {
+			if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+				diags.Errorf([]string{"kubernetes", "0", "namespaces"}, "namespaces[%d]: %q is not a namespace name: %s", i, ns, strings.Join(msgs, "; "))
+			}
+		}
+	}
+	if cfg.Dir == nil && s.kube == nil {
+		diags.Errorf(nil, "nothing to watch: set dir, add a kubernetes block, or both")
+	}
+	return s, diags
+}
+
+// restConfig loads a kubeconfig file, or finds the in-cluster or default
+// one when path is empty.
+func restConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return c, nil
+	}
+	if c, err := rest.InClusterConfig(); err == nil {
+		return c, nil
+	}
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no kubeconfig set, not running in a cluster, and no default kubeconfig: %w", err)
+	}
+	return c, nil
+}
+
+// source feeds objects to a runner.
+type source interface {
+	// run watches the source until ctx ends, calling changed after every
+	// change of its contents.
+	run(ctx context.Context, changed func())
+	// contents returns what the source holds now.
+	contents() contents
+}
+
+// contents is what a source holds.
+type contents struct {
+	// objects are the accepted objects, in the source's order.
+	objects []*object
+	// notices list rejected objects.
+	notices []sdk.Notice
+	// synced is set once the source has been read completely.
+	synced bool
+	// problem is set while the source cannot be read; its last objects
+	// stay served.
+	problem string
+}
+
+// Coalescing of changes: a build waits until sources have been quiet for
+// settle, but no longer than maxSettle after the first change.
+const (
+	settle    = 10 * time.Millisecond
+	maxSettle = 250 * time.Millisecond
+)
+
+// runner runs the sources of one configuration and publishes what they hold
+// into the State.
+type runner struct {
+	id      sdk.InstanceID
+	state   *sdk.State
+	logger  hclog.Logger
+	sources []source
+	kick    chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+	synced  bool
+}
+
+func startRunner(parent context.Context, state *sdk.State, id sdk.InstanceID, sources []source, logger hclog.Logger) *runner {
+	ctx, cancel := context.WithCancel(parent)
+	r := &runner{id: id, state: state, logger: logger, sources: sources,
+		kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	for _, s := range sources {
+		wg.Go(func() { s.run(ctx, r.changed) })
+	}
+	wg.Go(func() { r.loop(ctx) })
+	go func() {
+		wg.Wait()
+		close(r.done)
+	}()
+	return r
+}
+
+// stop stops the sources and waits until nothing publishes any more.
+func (r *runner) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func (r *runner) changed() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		}
+		deadline := time.Now().Add(maxSettle)
+		for quiet := false; !quiet; {
+			t := time.NewTimer(min(settle, time.Until(deadline)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-r.kick:
+				t.Stop()
+				quiet = !time.Now().Before(deadline)
+			case <-t.C:
+				quiet = true
+			}
+		}
+		if err := r.publish(); err != nil {
+			r.logger.Error("cannot publish the instance", "error", err)
+		}
+	}
+}
+
+// publish builds the instance from every source and hands it to the State.
+// Nothing but health is published until every source has synced, so the
+// host never sees a half-read registry.
+func (r *runner) publish() error {
+	var (
+		objs     []*object
+		notices  []sdk.Notice
+		problems []string
+		synced   = true
+	)
+	for _, s := range r.sources {
+		c := s.contents()
+		objs = append(objs, c.objects...)
+		notices = append(notices, c.notices...)
+		synced = synced && c.synced
+		if c.problem != "" {
+			problems = append(problems, c.problem)
+		}
+	}
+	health := sdk.InstanceHealth{Healthy: len(problems) == 0, Message: strings.Join(problems, "; ")}
+	if synced {
+		snap, more := build(r.id.Cluster, objs)
+		notices = append(notices, more...)
+		if err := r.state.ReplaceInstance(r.id, snap); err != nil {
+			return fmt.Errorf("serviceentry: publish %s: %w", r.id, err)
+		}
+		if !r.synced {
+			n := 0
+			for _, eps := range snap.Endpoints {
+				n += len(eps)
+			}
+			r.logger.Info("synced", "services", len(snap.Services), "endpoints", n, "rejected", len(notices))
+		}
+	}
+	sortNotices(notices)
+	health.Notices = notices
+	if err := r.state.SetHealth(r.id, health); err != nil {
+		return fmt.Errorf("serviceentry: health of %s: %w", r.id, err)
+	}
+	if synced && !r.synced {
+		r.synced = true
+		return r.state.MarkSynced(r.id)
+	}
+	return nil
+}
+
+func sortNotices(ns []sdk.Notice) {
+	slices.SortStableFunc(ns, func(a, b sdk.Notice) int {
+		if c := strings.Compare(a.Subject, b.Subject); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Message, b.Message)
+	})
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

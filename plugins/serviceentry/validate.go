@@ -1,0 +1,281 @@
+package serviceentry
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+
+	networking "istio.io/api/networking/v1alpha3"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// unixPrefix marks a Unix domain socket address, as in Istio.
+const unixPrefix = "unix://"
+
+// protocols maps Istio's protocol names, lower-cased, to their canonical
+// spelling. Istio parses protocols case-insensitively.
+var protocols = map[string]string{
+	"http": "HTTP", "https": "HTTPS", "http2": "HTTP2", "http_proxy": "HTTP_PROXY",
+	"grpc": "GRPC", "grpc-web": "GRPC-Web", "tcp": "TCP", "tls": "TLS", "udp": "UDP",
+	"mongo": "Mongo", "redis": "Redis", "mysql": "MySQL",
+}
+
+// defaultProtocol is used for a port that names none.
+const defaultProtocol = "TCP"
+
+// portNameRE is the rule Istio's CRDs apply to port names.
+var portNameRE = regexp.MustCompile(`^[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
+
+// canonicalProtocol returns Istio's spelling of a port protocol.
+func canonicalProtocol(p string) (string, bool) {
+	if p == "" {
+		return defaultProtocol, true
+	}
+	c, ok := protocols[strings.ToLower(p)]
+	return c, ok
+}
+
+// validateServiceEntry checks what Istio's CRD schema and validating webhook
+// check, plus what this registry cannot represent. Errors reject the entry;
+// warnings do not.
+func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnings []string) {
+	res := se.GetResolution()
+	external := se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL
+
+	if len(se.GetHosts()) == 0 {
+		errs.add("spec.hosts", "missing: a ServiceEntry needs at least one host")
+	}
+	dnsHostsAsEndpoints := isDNS(res) && len(se.GetEndpoints()) == 0 && se.GetWorkloadSelector() == nil
+	seen := map[string]bool{}
+	for i, h := range se.GetHosts() {
+		path := fmt.Sprintf("spec.hosts[%d]", i)
+		if err := checkHost(h); err != nil {
+			errs.add(path, "%v", err)
+			continue
+		}
+		if seen[h] {
+			errs.add(path, "host %q is listed twice", h)
+		}
+		seen[h] = true
+		if dnsHostsAsEndpoints && strings.HasPrefix(h, "*") {
+			errs.add(path, "wildcard host %q needs endpoints with resolution %s (the host itself cannot be resolved)", h, res)
+		}
+	}
+
+	ports := se.GetPorts()
+	allTCP := true
+	names, numbers := map[string]bool{}, map[uint32]bool{}
+	for i, p := range ports {
+		path := fmt.Sprintf("spec.ports[%d]", i)
+		switch n := p.GetNumber(); {
+		case n == 0:
+			errs.add(path+".number", "port without number")
+		case n > 65535:
+			errs.add(path+".number", "port %d is not between 1 and 65535", n)
+		case numbers[n]:
+			errs.add(path+".number", "port number %d is declared twice", n)
+		}
+		numbers[p.GetNumber()] = true
+		switch name := p.GetName(); {
+		case name == "":
+			errs.add(path+".name", "port without name")
+		case len(name) > 63 || !portNameRE.MatchString(name):
+			errs.add(path+".name", "invalid port name %q (letters, digits and '-', at most 63)", name)
+		case names[name]:
+			errs.add(path+".name", "port name %q is declared twice", name)
+		}
+		names[p.GetName()] = true
+		proto, ok := canonicalProtocol(p.GetProtocol())
+		if !ok {
+			errs.add(path+".protocol", "unknown protocol %q", p.GetProtocol())
+		}
+		allTCP = allTCP && proto == "TCP"
+		if tp := p.GetTargetPort(); tp > 65535 {
+			errs.add(path+".targetPort", "port %d is not between 1 and 65535", tp)
+		}
+	}
+
+	for i, a := range se.GetAddresses() {
+		path := fmt.Sprintf("spec.addresses[%d]", i)
+		if _, err := netip.ParseAddr(a); err == nil {
+			continue
+		}
+		pfx, err := netip.ParsePrefix(a)
+		if err != nil {
+			errs.add(path, "%q is neither an IP address nor a CIDR", a)
+			continue
+		}
+		if pfx.IsSingleIP() {
+			continue
+		}
+		if !external || !allTCP || (res != networking.ServiceEntry_NONE && res != networking.ServiceEntry_STATIC) {
+			errs.add(path, "CIDR %q is only allowed for MESH_EXTERNAL entries whose ports are all TCP, with resolution NONE or STATIC", a)
+		}
+	}
+
+	switch res {
+	case networking.ServiceEntry_DYNAMIC_DNS:
+		errs.add("spec.resolution", "DYNAMIC_DNS is not supported (use DNS, DNS_ROUND_ROBIN, STATIC or NONE)")
+	case networking.ServiceEntry_NONE:
+		if len(se.GetEndpoints()) > 0 {
+			errs.add("spec.endpoints", "resolution NONE takes no endpoints")
+		}
+	case networking.ServiceEntry_DNS_ROUND_ROBIN:
+		if len(se.GetEndpoints()) > 1 {
+			errs.add("spec.endpoints", "resolution DNS_ROUND_ROBIN takes at most one endpoint, not %d", len(se.GetEndpoints()))
+		}
+	}
+
+	if sel := se.GetWorkloadSelector(); sel != nil {
+		if len(se.GetEndpoints()) > 0 {
+			errs.add("spec.workloadSelector", "cannot be used together with spec.endpoints")
+		}
+		for _, k := range sortedKeys(sel.GetLabels()) {
+			if strings.Contains(sel.GetLabels()[k], "*") {
+				errs.add("spec.workloadSelector.labels."+k, "wildcards are not supported in selectors")
+			}
+		}
+	}
+
+	for i, ep := range se.GetEndpoints() {
+		path := fmt.Sprintf("spec.endpoints[%d]", i)
+		errs = append(errs, checkWorkload(path, ep)...)
+		if err := addressFits(ep.GetAddress(), res, len(ports)); err != nil {
+			errs.add(path+".address", "%v", err)
+		}
+		for _, name := range sortedKeys(ep.GetPorts()) {
+			if !names[name] {
+				warnings = append(warnings, fmt.Sprintf("%s.ports.%s: the entry declares no port named %q; ignored", path, name, name))
+			}
+		}
+	}
+
+	for i, e := range se.GetExportTo() {
+		path := fmt.Sprintf("spec.exportTo[%d]", i)
+		switch {
+		case e == "*" || e == "~":
+			if len(se.GetExportTo()) > 1 {
+				errs.add(path, "%q cannot be combined with other values", e)
+			}
+		case e == ".":
+		default:
+			if msgs := validation.IsDNS1123Label(e); len(msgs) > 0 {
+				errs.add(path, "%q is not \".\", \"*\", \"~\" or a namespace name: %s", e, strings.Join(msgs, "; "))
+			}
+		}
+	}
+	return errs, warnings
+}
+
+// validateWorkloadEntry checks a WorkloadEntry on its own; whether its
+// address suits a ServiceEntry that selects it is checked when selecting.
+func validateWorkloadEntry(we *networking.WorkloadEntry) fieldErrors {
+	errs := checkWorkload("spec", we)
+	a := we.GetAddress()
+	if a != "" && !strings.HasPrefix(a, unixPrefix) && !isIP(a) && checkHostname(a) != nil {
+		errs.add("spec.address", "%q is neither an IP address, a host name nor a unix:// path", a)
+	}
+	return errs
+}
+
+// checkWorkload checks the fields a WorkloadEntry has wherever it appears:
+// inline in a ServiceEntry or standing alone.
+func checkWorkload(path string, we *networking.WorkloadEntry) fieldErrors {
+	var errs fieldErrors
+	a := we.GetAddress()
+	switch {
+	case a == "" && we.GetNetwork() != "":
+		errs.add(path+".address", "missing; endpoints reachable only through their network's gateway are not supported")
+	case a == "":
+		errs.add(path+".address", "missing")
+	case strings.HasPrefix(a, unixPrefix):
+		p := strings.TrimPrefix(a, unixPrefix)
+		switch {
+		case !strings.HasPrefix(p, "/") && !strings.HasPrefix(p, "@"):
+			errs.add(path+".address", "unix socket %q must be an absolute path or an abstract socket (@name)", a)
+		case strings.HasSuffix(p, "/"):
+			errs.add(path+".address", "unix socket %q names a directory", a)
+		}
+		if len(we.GetPorts()) > 0 {
+			errs.add(path+".ports", "a unix socket endpoint takes no ports")
+		}
+	}
+	for _, name := range sortedKeys(we.GetPorts()) {
+		n := we.GetPorts()[name]
+		if len(name) > 63 || !portNameRE.MatchString(name) {
+			errs.add(path+".ports", "invalid port name %q", name)
+		}
+		if n == 0 || n > 65535 {
+			errs.add(path+".ports."+name, "port %d is not between 1 and 65535", n)
+		}
+	}
+	return errs
+}
+
+// addressFits checks an endpoint address against the entry's resolution:
+// IPs (or unix sockets, for STATIC) when the proxy must not resolve names,
+// IPs or host names for DNS resolution.
+func addressFits(a string, res networking.ServiceEntry_Resolution, ports int) error {
+	switch {
+	case a == "":
+		return nil // reported by checkWorkload
+	case strings.HasPrefix(a, unixPrefix):
+		if res != networking.ServiceEntry_STATIC {
+			return fmt.Errorf("unix socket %q needs resolution STATIC, not %s", a, res)
+		}
+		if ports != 1 {
+			return fmt.Errorf("unix socket %q needs an entry with exactly one port, not %d", a, ports)
+		}
+		return nil
+	case isIP(a):
+		return nil
+	case isDNS(res):
+		if err := checkHostname(a); err != nil {
+			return fmt.Errorf("%q is neither an IP address nor a host name: %v", a, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%q is not an IP address (resolution %s)", a, res)
+}
+
+func isDNS(r networking.ServiceEntry_Resolution) bool {
+	return r == networking.ServiceEntry_DNS || r == networking.ServiceEntry_DNS_ROUND_ROBIN
+}
+
+func isIP(a string) bool {
+	_, err := netip.ParseAddr(a)
+	return err == nil
+}
+
+// checkHost checks a ServiceEntry host: a DNS name, possibly with a
+// leading "*." wildcard.
+func checkHost(h string) error {
+	switch {
+	case h == "":
+		return fmt.Errorf("empty host")
+	case h == "*":
+		return fmt.Errorf("host \"*\" is not allowed")
+	}
+	if err := checkHostname(strings.TrimPrefix(h, "*.")); err != nil {
+		return fmt.Errorf("invalid host %q: %v", h, err)
+	}
+	return nil
+}
+
+func checkHostname(h string) error {
+	if msgs := validation.IsDNS1123Subdomain(strings.ToLower(h)); len(msgs) > 0 {
+		return fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
