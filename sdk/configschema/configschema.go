@@ -5,7 +5,9 @@
 package configschema
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/hashicorp/hcl/v2"
@@ -85,6 +87,7 @@ func Decode(body hcl.Body, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
 		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin declared an invalid config schema", Detail: err.Error()}}
 	}
 	val, diags := hcldec.Decode(body, spec, nil)
+	sortByPosition(diags)
 	if diags.HasErrors() {
 		return nil, diags
 	}
@@ -93,6 +96,27 @@ func Decode(body hcl.Body, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
 		return nil, append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot encode config", Detail: err.Error()})
 	}
 	return js, diags
+}
+
+// sortByPosition orders diagnostics as they appear in the file. hcldec
+// decodes an object's members in map order, so without this the same file
+// would list its problems in a different order on every run.
+func sortByPosition(diags hcl.Diagnostics) {
+	slices.SortStableFunc(diags, func(a, b *hcl.Diagnostic) int {
+		if a.Subject == nil || b.Subject == nil {
+			// Unpositioned diagnostics go last.
+			return cmp.Compare(boolInt(a.Subject == nil), boolInt(b.Subject == nil))
+		}
+		return cmp.Or(cmp.Compare(a.Subject.Filename, b.Subject.Filename),
+			cmp.Compare(a.Subject.Start.Byte, b.Subject.Start.Byte))
+	})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // ParseHCL parses src as a config block body and decodes it, for tests.
