@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 
@@ -32,6 +33,33 @@ func servePlugin(mode string) {
 	switch mode {
 	case "bench":
 		sdk.Serve(benchFactory)
+	case "ok":
+		sdk.Serve(okFactory)
+	case "stdout":
+		// Anything on stdout before the handshake line breaks go-plugin.
+		fmt.Println("hello from a plugin that prints to stdout")
+		sdk.Serve(okFactory)
+	case "cookie":
+		// A plugin built for another host expects another cookie.
+		goplugin.Serve(&goplugin.ServeConfig{
+			HandshakeConfig: goplugin.HandshakeConfig{ProtocolVersion: 1, MagicCookieKey: "OTHER_HOST_PLUGIN", MagicCookieValue: "other"},
+			Plugins:         goplugin.PluginSet{sdk.PluginName: &sdk.GRPCPlugin{}},
+			GRPCServer:      goplugin.DefaultGRPCServer,
+		})
+	case "version":
+		// A plugin that only speaks a future protocol version.
+		hs := sdk.Handshake
+		hs.ProtocolVersion = 99
+		goplugin.Serve(&goplugin.ServeConfig{
+			HandshakeConfig:  hs,
+			VersionedPlugins: map[int]goplugin.PluginSet{99: {sdk.PluginName: &sdk.GRPCPlugin{}}},
+			GRPCServer:       goplugin.DefaultGRPCServer,
+		})
+	case "crash":
+		fmt.Fprintln(os.Stderr, "crashing on purpose")
+		os.Exit(1)
+	case "panic":
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return panicPlugin{} })
 	default:
 		fmt.Fprintf(os.Stderr, "unknown test plugin mode %q\n", mode)
 		os.Exit(2)
@@ -145,4 +173,46 @@ func benchEndpoints(n int, weight uint32) []sdk.Endpoint {
 		}
 	}
 	return eps
+}
+
+// okFactory reports one instance with one service, and rejects a config
+// whose `port` is out of range, with a path the host maps to a position.
+func okFactory(rt sdk.Runtime) sdk.Plugin { return &okPlugin{rt: rt} }
+
+type okPlugin struct{ rt sdk.Runtime }
+
+func (p *okPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Name: "ok", Version: "1.2.3", Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+		ConfigSchema: &sdk.Schema{Attributes: []sdk.Attribute{{Name: "port", Type: "number"}}}}, nil
+}
+
+func (p *okPlugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg struct{ Port *float64 }
+	if err := req.Decode(&cfg); err != nil {
+		return nil, err
+	}
+	port := uint32(80)
+	if cfg.Port != nil {
+		if *cfg.Port < 1 || *cfg.Port > 65535 {
+			var d sdk.Diagnostics
+			d.Errorf([]string{"port"}, "port %v is not between 1 and 65535", *cfg.Port)
+			return &sdk.ConfigureResponse{Diagnostics: d}, nil
+		}
+		port = uint32(*cfg.Port)
+	}
+	id := sdk.InstanceID{Provider: "Test", Cluster: "c1"}
+	p.rt.State.SetInstance(id, sdk.InstanceProperties{})
+	_ = p.rt.State.UpsertService(id, &sdk.Service{Hostname: "ok.test", Ports: []sdk.Port{{Name: "http", Number: port, Protocol: "HTTP"}}})
+	_ = p.rt.State.MarkSynced(id)
+	return &sdk.ConfigureResponse{}, nil
+}
+
+type panicPlugin struct{}
+
+func (panicPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	panic("describe exploded")
+}
+
+func (panicPlugin) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	return &sdk.ConfigureResponse{}, nil
 }

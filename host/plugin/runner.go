@@ -388,37 +388,54 @@ func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.Cl
 	}
 }
 
-// handshakeError explains a failed start in the operator's terms.
+// handshakeError explains a failed start in the operator's terms. Failures
+// that a restart cannot fix (stdout noise, a foreign cookie, another
+// protocol version) are config errors: the plugin waits for a reload.
 func handshakeError(cfg *config.Plugin, err error, stderr string) error {
 	msg := err.Error()
-	hint := ""
+	first, _, _ := strings.Cut(strings.TrimSpace(msg), "\n")
+	lower := strings.ToLower(msg)
+	hint, fatal := "", true
 	switch {
+	case strings.Contains(msg, "Failed to read any lines"), strings.Contains(msg, "exited before we could connect"), strings.Contains(msg, "plugin exited"):
+		hint, fatal = "the plugin exited during start-up", false
+		if strings.Contains(stderr, "This binary is a plugin") || strings.Contains(stderr, "magic cookie") {
+			hint, fatal = "the plugin expects a different magic cookie: it is not an Estuary registry plugin, or was built for another host", true
+		}
 	case strings.Contains(msg, "Unrecognized remote plugin message"):
 		hint = "the plugin wrote to stdout before the go-plugin handshake; plugins must log to stderr"
-	case strings.Contains(msg, "Incompatible API version"):
+		first = strings.TrimSpace(strings.SplitN(msg, "\n", 3)[0])
+	case strings.Contains(lower, "incompatible api version"):
 		hint = fmt.Sprintf("the plugin does not speak registry protocol version %d", sdk.ProtocolVersion)
-	case strings.Contains(stderr, "This binary is a plugin") || strings.Contains(stderr, "magic cookie"):
-		hint = "the plugin expects a different magic cookie: it is not an Estuary registry plugin, or was built for another host"
 	case strings.Contains(msg, "checksums did not match"):
 		hint = "the binary changed after it was checked"
-	case strings.Contains(msg, "exited before we could connect") || strings.Contains(msg, "plugin exited"):
-		hint = "the plugin exited during start-up"
+	default:
+		fatal = false
 	}
-	out := fmt.Sprintf("plugin %q: handshake failed: %v", cfg.Label, err)
+	out := fmt.Sprintf("plugin %q: handshake failed: %s", cfg.Label, first)
 	if hint != "" {
 		out += " (" + hint + ")"
 	}
-	if s := strings.TrimSpace(stderr); s != "" {
-		out += "; stderr: " + lastLines(s, 5)
+	if s := lastLines(stderr, 5); s != "" {
+		out += "; stderr: " + s
 	}
-	if strings.Contains(hint, "stdout") || strings.Contains(hint, "protocol version") || strings.Contains(hint, "cookie") {
+	if fatal {
 		return configErr{errors.New(out)}
 	}
 	return errors.New(out)
 }
 
+// lastLines returns the last n lines of a plugin's stderr worth showing:
+// its own debug and info log lines are left out.
 func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, `{"@level":"debug"`) || strings.HasPrefix(l, `{"@level":"trace"`) || strings.HasPrefix(l, `{"@level":"info"`) {
+			continue
+		}
+		lines = append(lines, l)
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -1,0 +1,213 @@
+package plugin
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/registry"
+)
+
+// newTestSupervisor runs a supervisor with short backoffs.
+func newTestSupervisor(t *testing.T) (*Supervisor, *registry.Store) {
+	t.Helper()
+	store := registry.NewStore(nil)
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testLogWriter{t}})
+	ctx, cancel := context.WithCancel(context.Background())
+	sup := NewSupervisor(ctx, Options{BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, CrashLoopAfter: 3}, logger, store, nil)
+	t.Cleanup(func() {
+		sup.Stop()
+		cancel()
+	})
+	return sup, store
+}
+
+type testLogWriter struct{ t *testing.T }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// waitStatus polls the plugin's status until ok holds.
+func waitStatus(t *testing.T, sup *Supervisor, label string, what string, ok func(Status) bool) Status {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last Status
+	for time.Now().Before(deadline) {
+		for _, st := range sup.Statuses() {
+			if st.Label == label {
+				last = st
+				if ok(st) {
+					return st
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("plugin %q: timed out waiting for %s; last status %+v", label, what, last)
+	return last
+}
+
+func TestStartFailuresAreExplained(t *testing.T) {
+	tests := []struct {
+		mode string
+		want []string
+	}{
+		{"stdout", []string{"wrote to stdout before the go-plugin handshake", "hello from a plugin that prints to stdout"}},
+		{"cookie", []string{"magic cookie"}},
+		{"version", []string{"ncompatible API version", "registry protocol version 1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			sup, _ := newTestSupervisor(t)
+			p := selfPlugin(t, "bad", tt.mode, "")
+			sup.Apply(&config.File{Plugins: []*config.Plugin{p}})
+			st := waitStatus(t, sup, "bad", "a config error", func(s Status) bool { return s.State == StateConfigError })
+			for _, w := range tt.want {
+				if !strings.Contains(st.LastError, w) {
+					t.Errorf("error %q lacks %q", st.LastError, w)
+				}
+			}
+			if st.Restarts != 0 {
+				t.Errorf("a plugin that cannot start until reconfigured was restarted %d times", st.Restarts)
+			}
+		})
+	}
+}
+
+func TestChecksumMismatchRefusedBeforeExec(t *testing.T) {
+	sup, _ := newTestSupervisor(t)
+	p := selfPlugin(t, "tampered", "ok", "")
+	want := p.SHA256
+	p.SHA256 = strings.Repeat("ab", 32)
+	sup.Apply(&config.File{Plugins: []*config.Plugin{p}})
+	st := waitStatus(t, sup, "tampered", "a config error", func(s Status) bool { return s.State == StateConfigError })
+	for _, h := range []string{want, p.SHA256} {
+		if !strings.Contains(st.LastError, h) {
+			t.Errorf("error %q does not name hash %s", st.LastError, h)
+		}
+	}
+	if st.PID != 0 || st.Name != "" {
+		t.Errorf("plugin was started despite the mismatch: %+v", st)
+	}
+}
+
+func TestCrashLoopBacksOffAndSparesOthers(t *testing.T) {
+	sup, store := newTestSupervisor(t)
+	crash := selfPlugin(t, "crasher", "crash", "")
+	good := selfPlugin(t, "good", "ok", "")
+	sup.Apply(&config.File{Plugins: []*config.Plugin{crash, good}})
+
+	st := waitStatus(t, sup, "crasher", "crash-looping", func(s Status) bool { return s.State == StateCrashLooping && len(s.Backoffs) >= 4 })
+	var delays []time.Duration
+	for _, b := range st.Backoffs {
+		d, err := time.ParseDuration(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delays = append(delays, d)
+	}
+	// Doubling with ±20% jitter keeps consecutive delays strictly growing
+	// until the cap.
+	for i := 1; i < len(delays); i++ {
+		if delays[i] <= delays[i-1] && delays[i] < 1600*time.Millisecond {
+			t.Errorf("backoff did not grow: %v", delays)
+		}
+	}
+	if !strings.Contains(st.LastError, "crashing on purpose") {
+		t.Errorf("last error %q does not carry the plugin's stderr", st.LastError)
+	}
+	gst := waitStatus(t, sup, "good", "running", func(s Status) bool { return s.State == StateRunning })
+	if gst.Restarts != 0 {
+		t.Errorf("the healthy plugin restarted %d times", gst.Restarts)
+	}
+	in := store.Instance(registry.InstanceKey{Plugin: "good", Provider: "Test", Cluster: "c1"})
+	if in == nil || in.Service("ok.test") == nil {
+		t.Fatalf("the healthy plugin's instance is missing")
+	}
+}
+
+func TestPluginConfigErrorsPointIntoTheFile(t *testing.T) {
+	sup, _ := newTestSupervisor(t)
+	p := selfPlugin(t, "picky", "ok", "\nport = 70000\n")
+	sup.Apply(&config.File{Plugins: []*config.Plugin{p}})
+	st := waitStatus(t, sup, "picky", "a config error", func(s Status) bool { return s.State == StateConfigError })
+	if !strings.Contains(st.LastError, "test.hcl:2:1") || !strings.Contains(st.LastError, "not between 1 and 65535") {
+		t.Errorf("error %q should point at test.hcl:2:1 and say why", st.LastError)
+	}
+
+	// A fixed config brings it back without a restart loop.
+	fixed := selfPlugin(t, "picky", "ok", "port = 8080\n")
+	if d := sup.Apply(&config.File{Plugins: []*config.Plugin{fixed}}); d.HasErrors() {
+		t.Fatal(d)
+	}
+	waitStatus(t, sup, "picky", "running", func(s Status) bool { return s.State == StateRunning })
+}
+
+func TestPanicBecomesInternalError(t *testing.T) {
+	sup, _ := newTestSupervisor(t)
+	p := selfPlugin(t, "panicky", "panic", "")
+	sup.Apply(&config.File{Plugins: []*config.Plugin{p}})
+	st := waitStatus(t, sup, "panicky", "a failed start", func(s Status) bool { return s.LastError != "" })
+	for _, w := range []string{"Internal", "describe exploded"} {
+		if !strings.Contains(st.LastError, w) {
+			t.Errorf("error %q lacks %q", st.LastError, w)
+		}
+	}
+}
+
+func TestReloadStartsStopsAndReconfigures(t *testing.T) {
+	sup, store := newTestSupervisor(t)
+	a := selfPlugin(t, "a", "ok", "port = 81\n")
+	sup.Apply(&config.File{Plugins: []*config.Plugin{a}})
+	keyA := registry.InstanceKey{Plugin: "a", Provider: "Test", Cluster: "c1"}
+	waitPort(t, store, keyA, 81)
+	first := waitStatus(t, sup, "a", "running", func(s Status) bool { return s.State == StateRunning })
+
+	// Same plugin, new config block: reconfigured in place.
+	a2 := selfPlugin(t, "a", "ok", "port = 82\n")
+	b := selfPlugin(t, "b", "ok", "")
+	if d := sup.Apply(&config.File{Plugins: []*config.Plugin{a2, b}}); d.HasErrors() {
+		t.Fatal(d)
+	}
+	waitPort(t, store, keyA, 82)
+	if st := waitStatus(t, sup, "a", "running", func(s Status) bool { return s.State == StateRunning }); st.PID != first.PID {
+		t.Errorf("reconfigure restarted the plugin: pid %d -> %d", first.PID, st.PID)
+	}
+	waitStatus(t, sup, "b", "running", func(s Status) bool { return s.State == StateRunning })
+
+	// Removing a block stops the plugin and drops its instances.
+	if d := sup.Apply(&config.File{Plugins: []*config.Plugin{b}}); d.HasErrors() {
+		t.Fatal(d)
+	}
+	if store.Instance(keyA) != nil {
+		t.Errorf("instance of a removed plugin is still served")
+	}
+	labels := []string{}
+	for _, st := range sup.Statuses() {
+		labels = append(labels, st.Label)
+	}
+	if !slices.Equal(labels, []string{"b"}) {
+		t.Errorf("plugins after reload = %v, want [b]", labels)
+	}
+}
+
+func waitPort(t *testing.T, store *registry.Store, key registry.InstanceKey, port uint32) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if in := store.Instance(key); in != nil {
+			if svc := in.Service("ok.test"); svc != nil && len(svc.Ports) == 1 && svc.Ports[0].Number == port {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never served ok.test on port %d", key, port)
+}
