@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -66,7 +67,14 @@ func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.Rea
 	}
 	reattach := make(chan *plugin.ReattachConfig, 1)
 	closed := make(chan struct{})
-	go serve(ctx, f, logger, &plugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed})
+	go func() {
+		serve(ctx, f, logger, &plugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed})
+		// In test mode go-plugin never closes the write ends of the stdio
+		// pipes it makes, so its two goroutines copying from them block
+		// until the garbage collector closes the files. Collect now, so
+		// tests that check for leaked goroutines see them end.
+		runtime.GC()
+	}()
 	select {
 	case rc := <-reattach:
 		return rc, closed, nil

@@ -25,6 +25,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/go-plugin/runner"
 	"google.golang.org/grpc"
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -144,6 +145,7 @@ func hasCapability(d *registryv1.DescribeResponse, c registryv1.Capability) bool
 // tests use it to drive a plugin beyond the fixed suite.
 type Harness struct {
 	client *plugin.Client
+	conn   plugin.ClientProtocol
 	rpc    registryv1.RegistryClient
 	closed <-chan struct{}
 	cancel context.CancelFunc
@@ -160,6 +162,10 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 		cancel()
 		t.Fatalf("serve plugin: %v", err)
 	}
+	// go-plugin's default reattach watches the plugin's PID, which here is
+	// the test process itself, in a goroutine that never ends; this runner
+	// waits for the plugin to stop serving instead.
+	rc.ReattachFunc = func() (runner.AttachedRunner, error) { return inProcess{closed}, nil }
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: sdk.Handshake,
 		// A reattached client does not negotiate, so it takes Plugins.
@@ -179,7 +185,7 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 		cancel()
 		t.Fatalf("dispense %q: %v", sdk.PluginName, err)
 	}
-	h := &Harness{client: client, rpc: raw.(registryv1.RegistryClient), closed: closed, cancel: cancel}
+	h := &Harness{client: client, conn: cp, rpc: raw.(registryv1.RegistryClient), closed: closed, cancel: cancel}
 	t.Cleanup(h.Kill)
 	return h
 }
@@ -188,8 +194,31 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 func (h *Harness) Kill() {
 	h.once.Do(func() {
 		h.client.Kill()
+		// A client reattached in test mode neither closes its connection
+		// nor stops the plugin on Kill. Closing the connection asks the
+		// plugin to shut down, as the host does; ending its context only
+		// after it has stopped keeps go-plugin from stopping the server
+		// twice at once (a data race inside go-plugin).
+		_ = h.conn.Close()
+		select {
+		case <-h.closed:
+		case <-time.After(5 * time.Second):
+		}
 		h.cancel()
 	})
+}
+
+// inProcess is the go-plugin runner of a plugin served in this process.
+type inProcess struct{ closed <-chan struct{} }
+
+func (r inProcess) Wait(context.Context) error { <-r.closed; return nil }
+func (inProcess) Kill(context.Context) error   { return nil }
+func (inProcess) ID() string                   { return "in-process" }
+func (inProcess) PluginToHost(n, a string) (string, string, error) {
+	return n, a, nil
+}
+func (inProcess) HostToPlugin(n, a string) (string, string, error) {
+	return n, a, nil
 }
 
 // Describe calls Describe and checks the identity it returns.
