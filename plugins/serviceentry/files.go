@@ -65,16 +65,21 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 	} else {
 		defer w.Close()
 	}
-	watching := false
+	// (Re-)adding the watch is idempotent; it is repeated before every scan
+	// because the kernel drops it when the directory itself goes away.
+	watchErr := ""
 	watch := func() {
-		if w == nil || watching {
+		if w == nil {
 			return
 		}
+		msg := ""
 		if err := w.Add(s.dir); err != nil {
-			s.logger.Warn("cannot watch the directory", "dir", s.dir, "error", err)
-			return
+			msg = err.Error()
 		}
-		watching = true
+		if msg != watchErr && msg != "" {
+			s.logger.Warn("cannot watch the directory; rescanning periodically", "dir", s.dir, "error", msg)
+		}
+		watchErr = msg
 	}
 	watch()
 	s.scan()
@@ -99,9 +104,7 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 				events = nil
 				continue
 			}
-			if filepath.Clean(ev.Name) == filepath.Clean(s.dir) && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				watching = false // the kernel dropped the watch with the directory
-			}
+			s.logger.Trace("directory event", "event", ev.String())
 			settle.Reset(fileSettle)
 		case err, ok := <-errs:
 			if !ok {
