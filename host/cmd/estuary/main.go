@@ -47,6 +47,8 @@ func run(args []string) int {
 			return 1
 		}
 		return 0
+	case "proxy-config":
+		return proxyConfig(rest)
 	case "version":
 		fmt.Println(Version)
 		return 0
@@ -66,6 +68,8 @@ commands:
   run -config FILE         run the control plane
   validate -config FILE    check a configuration without starting anything
   plugins [-config FILE]   list bundled and configured plugins
+  proxy-config endpoints --node ID [--cluster NAME] [--admin ADDR]
+                           show the endpoints a connected node receives
   version                  print the version
 `)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/config"
 	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
 	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/xds"
 )
 
 func runHost(args []string) int {
@@ -60,6 +61,16 @@ func runHost(args []string) int {
 		return effectiveConfig(current)
 	}
 
+	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nil, logger, reg)
+	for path, h := range xs.DebugHandlers() {
+		adm.Handle(path, h)
+	}
+	xdsAddr, err := xs.Start(ctx)
+	if err != nil {
+		logger.Error("cannot start the xDS server", "error", err)
+		return 1
+	}
+	defer xs.Stop()
 	adminAddr, err := adm.Listen(file.Admin.Listen)
 	if err != nil {
 		logger.Error("cannot start the admin server", "error", err)
@@ -68,8 +79,8 @@ func runHost(args []string) int {
 	for _, d := range sup.Apply(file) {
 		logger.Warn("plugin config", "problem", d.Error())
 	}
-	fmt.Fprintf(os.Stderr, "estuary %s: admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
-		Version, adminAddr, len(file.Plugins))
+	fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
+		Version, xdsAddr, adminAddr, len(file.Plugins))
 
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)

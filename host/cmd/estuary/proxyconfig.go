@@ -1,0 +1,66 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"text/tabwriter"
+
+	"github.com/estuary-mesh/estuary/xds"
+)
+
+// proxyConfig prints what a connected node receives, read from the running
+// host's admin server, like `istioctl proxy-config endpoints`.
+func proxyConfig(args []string) int {
+	if len(args) == 0 || args[0] != "endpoints" {
+		fmt.Fprintln(os.Stderr, "usage: estuary proxy-config endpoints --node ID [--cluster NAME] [--admin ADDR]")
+		return 2
+	}
+	fs := flag.NewFlagSet("proxy-config endpoints", flag.ContinueOnError)
+	node := fs.String("node", "", "node id of a connected client (see /debug/adsz)")
+	cluster := fs.String("cluster", "", "only this cluster, e.g. outbound|8080||echo.default.svc.cluster.local")
+	admin := fs.String("admin", "127.0.0.1:15014", "admin address of the running estuary")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *node == "" {
+		fmt.Fprintln(os.Stderr, "--node is required")
+		return 2
+	}
+	q := url.Values{"node": {*node}}
+	if *cluster != "" {
+		q.Set("cluster", *cluster)
+	}
+	resp, err := http.Get("http://" + *admin + "/debug/proxyendpointz?" + q.Encode())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "estuary at %s: %v\n", *admin, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "estuary at %s: %s", *admin, body)
+		return 1
+	}
+	if *asJSON {
+		os.Stdout.Write(body)
+		return 0
+	}
+	var rows []xds.EndpointRow
+	if err := json.Unmarshal(body, &rows); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENDPOINT\tSTATUS\tWEIGHT\tLOCALITY\tNETWORK\tREGISTRY CLUSTER\tCLUSTER")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Endpoint, r.Health, r.Weight, r.Locality, r.Network, r.Registry, r.Cluster)
+	}
+	tw.Flush()
+	return 0
+}

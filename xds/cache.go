@@ -1,0 +1,578 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/registry"
+)
+
+// typ indexes the resource types Estuary serves, in the order a push
+// delivers them: clusters before their endpoints, listeners before routes.
+type typ int
+
+const (
+	tCluster typ = iota
+	tEndpoint
+	tListener
+	tRoute
+	numTypes
+)
+
+var typeURLs = [numTypes]string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+
+// fullState types are sent whole in State of the World: a resource missing
+// from a response is deleted.
+var fullState = [numTypes]bool{tCluster: true, tListener: true}
+
+func typeOf(url string) (typ, bool) {
+	for i, u := range typeURLs {
+		if u == url {
+			return typ(i), true
+		}
+	}
+	return 0, false
+}
+
+// Cache is Estuary's implementation of go-control-plane's cache interface.
+// It keeps, per view, every resource marshaled once, and indexes watches by
+// resource name so a change reaches exactly the watches it affects.
+type Cache struct {
+	gen *Generator
+
+	mu      sync.Mutex
+	views   map[View]*viewState
+	version uint64 // SotW response versions
+
+	// onResponse, if set, is called for every response the cache issues.
+	onResponse func(v View, t typ, n int)
+}
+
+var _ cache.Cache = (*Cache)(nil)
+
+// NewCache returns a cache that builds resources with gen.
+func NewCache(gen *Generator) *Cache {
+	return &Cache{gen: gen, views: map[View]*viewState{}}
+}
+
+// viewState is everything one view receives.
+type viewState struct {
+	view View
+	res  [numTypes]map[string]*Resource
+	// hostNames lists, per type, the resource names built for each
+	// service hostname; EDS holds only names that were asked for.
+	hostNames [numTypes]map[string][]string
+	byName    [numTypes]map[string]map[*watch]struct{}
+	wildcard  [numTypes]map[*watch]struct{}
+}
+
+func (c *Cache) viewLocked(v View) *viewState {
+	vs, ok := c.views[v]
+	if ok {
+		return vs
+	}
+	vs = &viewState{view: v}
+	for t := range numTypes {
+		vs.res[t] = map[string]*Resource{}
+		vs.hostNames[t] = map[string][]string{}
+		vs.byName[t] = map[string]map[*watch]struct{}{}
+		vs.wildcard[t] = map[*watch]struct{}{}
+	}
+	for _, svc := range c.gen.Agg.Services() {
+		c.buildHostLocked(vs, svc)
+	}
+	c.views[v] = vs
+	return vs
+}
+
+// buildHostLocked (re)builds the CDS, LDS and RDS resources of one host.
+func (c *Cache) buildHostLocked(vs *viewState, svc *aggregate.Service) (changed [numTypes][]string) {
+	host := ""
+	var built [numTypes][]*Resource
+	if svc != nil {
+		host = svc.Hostname
+		built[tCluster] = c.gen.Clusters(vs.view, svc)
+		built[tListener] = c.gen.Listeners(vs.view, svc)
+		built[tRoute] = c.gen.Routes(vs.view, svc)
+	}
+	for _, t := range []typ{tCluster, tListener, tRoute} {
+		changed[t] = vs.replaceHost(t, host, built[t])
+	}
+	return changed
+}
+
+// replaceHost makes built the resources of host for type t and returns the
+// names that were added, changed or removed.
+func (vs *viewState) replaceHost(t typ, host string, built []*Resource) []string {
+	var changed []string
+	old := vs.hostNames[t][host]
+	names := make([]string, 0, len(built))
+	for _, r := range built {
+		names = append(names, r.Name)
+		if prev, ok := vs.res[t][r.Name]; !ok || prev.Version != r.Version {
+			changed = append(changed, r.Name)
+		}
+		vs.res[t][r.Name] = r
+	}
+	for _, n := range old {
+		if !slices.Contains(names, n) {
+			delete(vs.res[t], n)
+			changed = append(changed, n)
+		}
+	}
+	if len(names) == 0 {
+		delete(vs.hostNames[t], host)
+	} else {
+		vs.hostNames[t][host] = names
+	}
+	return changed
+}
+
+// endpointLocked returns the CLA name for the view, building it on first
+// use.
+func (c *Cache) endpointLocked(vs *viewState, name string) *Resource {
+	if r, ok := vs.res[tEndpoint][name]; ok {
+		return r
+	}
+	r := c.gen.CLA(vs.view, name, nil)
+	if r == nil {
+		return nil
+	}
+	vs.res[tEndpoint][name] = r
+	_, _, host, _ := ParseClusterName(name)
+	vs.hostNames[tEndpoint][host] = append(vs.hostNames[tEndpoint][host], name)
+	return r
+}
+
+// resourceLocked returns a resource of the view, or nil.
+func (c *Cache) resourceLocked(vs *viewState, t typ, name string) *Resource {
+	if t == tEndpoint {
+		return c.endpointLocked(vs, name)
+	}
+	return vs.res[t][name]
+}
+
+// wildcardNames lists what a wildcard subscription receives: every
+// resource of the type; for endpoints, the CLA of every EDS cluster.
+func (c *Cache) wildcardNames(vs *viewState, t typ) []string {
+	if t != tEndpoint {
+		return slices.Sorted(maps.Keys(vs.res[t]))
+	}
+	var names []string
+	for name, r := range vs.res[tCluster] {
+		if _, _, _, ok := ParseClusterName(name); ok && isEDS(r) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// isEDS reports whether a cluster resource is an EDS cluster. Clusters are
+// built by this package, so the marshaled type field is enough to tell.
+func isEDS(r *Resource) bool { return r.eds }
+
+// watch is one open watch of a stream for one type.
+type watch struct {
+	vs       *viewState
+	t        typ
+	sub      cache.Subscription
+	sotwReq  *cache.Request
+	sotwCh   chan cache.Response
+	deltaReq *cache.DeltaRequest
+	deltaCh  chan cache.DeltaResponse
+	names    []string
+	wildcard bool
+}
+
+// CreateWatch opens a State of the World watch.
+func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan cache.Response) (func(), error) {
+	t, ok := typeOf(req.GetTypeUrl())
+	if !ok {
+		return func() {}, nil // a type Estuary does not serve: never answered
+	}
+	node := ParseNode(req.GetNode())
+	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
+	return c.open(node.View(), w), nil
+}
+
+// CreateDeltaWatch opens an incremental watch.
+func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
+	t, ok := typeOf(req.GetTypeUrl())
+	if !ok {
+		return func() {}, nil
+	}
+	node := ParseNode(req.GetNode())
+	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
+	return c.open(node.View(), w), nil
+}
+
+func (c *Cache) open(v View, w *watch) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vs := c.viewLocked(v)
+	w.vs = vs
+	if c.respondLocked(w) {
+		return func() {}
+	}
+	if w.wildcard {
+		vs.wildcard[w.t][w] = struct{}{}
+	}
+	for _, n := range w.names {
+		set := vs.byName[w.t][n]
+		if set == nil {
+			set = map[*watch]struct{}{}
+			vs.byName[w.t][n] = set
+		}
+		set[w] = struct{}{}
+	}
+	return func() { c.cancel(w) }
+}
+
+func (c *Cache) cancel(w *watch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetLocked(w)
+}
+
+func (c *Cache) forgetLocked(w *watch) {
+	delete(w.vs.wildcard[w.t], w)
+	for _, n := range w.names {
+		if set := w.vs.byName[w.t][n]; set != nil {
+			delete(set, w)
+			if len(set) == 0 {
+				delete(w.vs.byName[w.t], n)
+			}
+		}
+	}
+}
+
+// respondLocked answers w if the client lacks anything it should have, and
+// reports whether it did. A watch answers at most once: the server opens a
+// new one with the client's next request. The subscription records what
+// was sent when it was sent, so a NACKed version is never sent again: only
+// a new version of the resource is.
+func (c *Cache) respondLocked(w *watch) bool {
+	vs := w.vs
+	names := w.names
+	if w.wildcard {
+		names = c.wildcardNames(vs, w.t)
+	}
+	returned := w.sub.ReturnedResources()
+	var send []*Resource
+	if w.sotwCh != nil && fullState[w.t] {
+		// The whole set goes, if anything in it changed or went away.
+		changed := false
+		present := 0
+		for _, n := range names {
+			r := c.resourceLocked(vs, w.t, n)
+			if r == nil {
+				continue
+			}
+			present++
+			send = append(send, r)
+			if returned[n] != r.Version {
+				changed = true
+			}
+		}
+		for n := range returned {
+			if c.resourceLocked(vs, w.t, n) == nil || (!w.wildcard && !slices.Contains(w.names, n)) {
+				changed = true
+			}
+		}
+		if !changed && present == len(returned) {
+			return false
+		}
+		next := make(map[string]string, len(send))
+		for _, r := range send {
+			next[r.Name] = r.Version
+		}
+		c.sendSotW(w, send, next)
+		return true
+	}
+	for _, n := range names {
+		if r := c.resourceLocked(vs, w.t, n); r != nil && returned[n] != r.Version {
+			send = append(send, r)
+		}
+	}
+	var removed []string
+	if w.deltaCh != nil {
+		for n := range returned {
+			if c.resourceLocked(vs, w.t, n) == nil {
+				removed = append(removed, n)
+			}
+		}
+	}
+	if len(send) == 0 && len(removed) == 0 {
+		return false
+	}
+	next := maps.Clone(returned)
+	if next == nil {
+		next = map[string]string{}
+	}
+	for _, r := range send {
+		next[r.Name] = r.Version
+	}
+	for _, n := range removed {
+		delete(next, n)
+	}
+	if w.deltaCh != nil {
+		slices.Sort(removed)
+		c.sendDelta(w, send, removed, next)
+	} else {
+		c.sendSotW(w, send, next)
+	}
+	return true
+}
+
+func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string) {
+	c.version++
+	anys := make([]*anypb.Any, len(rs))
+	for i, r := range rs {
+		anys[i] = r.Any
+	}
+	resp := &sotwResponse{req: w.sotwReq, version: strconv.FormatUint(c.version, 10), resources: anys, returned: returned}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, len(rs))
+	}
+	select {
+	case w.sotwCh <- resp:
+	default:
+		// The server keeps one response per type in flight; a full channel
+		// means the stream is gone.
+	}
+}
+
+func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) {
+	c.version++
+	out := make([]*discoveryv3.Resource, len(rs))
+	for i, r := range rs {
+		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
+	}
+	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, len(rs)+len(removed))
+	}
+	select {
+	case w.deltaCh <- resp:
+	default:
+	}
+}
+
+// Fetch is the REST polling API, which Estuary does not serve.
+func (c *Cache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+	return nil, fmt.Errorf("xds: REST fetch is not supported; use ADS")
+}
+
+// Push applies a registry change: it rebuilds what the change touches in
+// every view and answers exactly the watches whose resources changed.
+// Endpoint-only changes rebuild CLAs of the affected services; service
+// changes also rebuild their clusters, listeners and routes; a full change
+// rebuilds everything.
+func (c *Cache) Push(change registry.Change) PushStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var st PushStats
+	for _, vs := range c.views {
+		var changed [numTypes][]string
+		if change.Full {
+			changed = c.rebuildAllLocked(vs)
+		} else {
+			for _, host := range slices.Sorted(maps.Keys(change.Services)) {
+				attrs := change.Services[host]
+				if attrs || c.subsetsChangedLocked(vs, host) {
+					for t, names := range c.buildHostLocked(vs, c.gen.Agg.GetService(host)) {
+						changed[t] = append(changed[t], names...)
+					}
+				}
+				changed[tEndpoint] = append(changed[tEndpoint], c.rebuildEndpointsLocked(vs, host)...)
+			}
+		}
+		for t := range numTypes {
+			if len(changed[t]) == 0 {
+				continue
+			}
+			st.Changed[t] += len(changed[t])
+			st.Responses[t] += c.notifyLocked(vs, t, changed[t])
+		}
+	}
+	return st
+}
+
+// PushStats counts what a push changed and how many watches it answered,
+// by type.
+type PushStats struct {
+	Changed   [numTypes]int
+	Responses [numTypes]int
+}
+
+// Total is the number of responses a push sent.
+func (s PushStats) Total() int {
+	n := 0
+	for _, r := range s.Responses {
+		n += r
+	}
+	return n
+}
+
+func (c *Cache) rebuildAllLocked(vs *viewState) (changed [numTypes][]string) {
+	hosts := map[string]bool{}
+	for _, t := range []typ{tCluster, tListener, tRoute, tEndpoint} {
+		for h := range vs.hostNames[t] {
+			hosts[h] = true
+		}
+	}
+	for _, svc := range c.gen.Agg.Services() {
+		hosts[svc.Hostname] = true
+	}
+	for _, h := range slices.Sorted(maps.Keys(hosts)) {
+		for t, names := range c.buildHostLocked(vs, c.gen.Agg.GetService(h)) {
+			changed[t] = append(changed[t], names...)
+		}
+		changed[tEndpoint] = append(changed[tEndpoint], c.rebuildEndpointsLocked(vs, h)...)
+	}
+	return changed
+}
+
+// subsetsChangedLocked reports whether the subset clusters of host differ
+// from what the view's CDS holds, which an endpoint change can cause.
+func (c *Cache) subsetsChangedLocked(vs *viewState, host string) bool {
+	want := c.gen.Subsets(host)
+	have := 0
+	for _, n := range vs.hostNames[tCluster][host] {
+		if _, subset, _, ok := ParseClusterName(n); ok && subset != "" {
+			have++
+			if !slices.Contains(want, subset) {
+				return true
+			}
+		}
+	}
+	svc := c.gen.Agg.GetService(host)
+	if svc == nil {
+		return have > 0
+	}
+	return have != len(want)*len(svc.Ports)
+}
+
+// rebuildEndpointsLocked rebuilds the CLAs of host the view holds, and
+// returns those whose content changed or that are gone.
+func (c *Cache) rebuildEndpointsLocked(vs *viewState, host string) []string {
+	var changed []string
+	var keep []string
+	for _, name := range vs.hostNames[tEndpoint][host] {
+		prev := vs.res[tEndpoint][name]
+		r := c.gen.CLA(vs.view, name, prev)
+		switch {
+		case r == nil:
+			delete(vs.res[tEndpoint], name)
+			changed = append(changed, name)
+			continue
+		case prev == nil || r.Version != prev.Version:
+			changed = append(changed, name)
+		}
+		vs.res[tEndpoint][name] = r
+		keep = append(keep, name)
+	}
+	if len(keep) == 0 {
+		delete(vs.hostNames[tEndpoint], host)
+	} else {
+		vs.hostNames[tEndpoint][host] = keep
+	}
+	return changed
+}
+
+// notifyLocked answers the watches of t that cover a changed name.
+func (c *Cache) notifyLocked(vs *viewState, t typ, changed []string) int {
+	affected := map[*watch]struct{}{}
+	for w := range vs.wildcard[t] {
+		affected[w] = struct{}{}
+	}
+	for _, n := range changed {
+		for w := range vs.byName[t][n] {
+			affected[w] = struct{}{}
+		}
+	}
+	n := 0
+	for w := range affected {
+		if c.respondLocked(w) {
+			c.forgetLocked(w)
+			n++
+		}
+	}
+	return n
+}
+
+// Resources returns a copy of a view's current resources of a type, for
+// debugging.
+func (c *Cache) Resources(v View, typeURL string) []*Resource {
+	t, ok := typeOf(typeURL)
+	if !ok {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vs := c.viewLocked(v)
+	if t == tEndpoint {
+		for _, n := range c.wildcardNames(vs, t) {
+			c.endpointLocked(vs, n)
+		}
+	}
+	out := make([]*Resource, 0, len(vs.res[t]))
+	for _, n := range slices.Sorted(maps.Keys(vs.res[t])) {
+		out = append(out, vs.res[t][n])
+	}
+	return out
+}
+
+// sotwResponse is a State of the World response with resources marshaled in
+// advance.
+type sotwResponse struct {
+	req       *cache.Request
+	version   string
+	resources []*anypb.Any
+	returned  map[string]string
+}
+
+var _ cache.Response = (*sotwResponse)(nil)
+
+func (r *sotwResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, error) {
+	return &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: r.resources, TypeUrl: r.req.GetTypeUrl()}, nil
+}
+func (r *sotwResponse) GetRequest() *discoveryv3.DiscoveryRequest { return r.req }
+func (r *sotwResponse) GetVersion() (string, error)               { return r.version, nil }
+func (r *sotwResponse) GetResponseVersion() string                { return r.version }
+func (r *sotwResponse) GetReturnedResources() map[string]string   { return r.returned }
+func (r *sotwResponse) GetContext() context.Context               { return context.Background() }
+
+// deltaResponse is an incremental response.
+type deltaResponse struct {
+	req       *cache.DeltaRequest
+	version   string
+	resources []*discoveryv3.Resource
+	removed   []string
+	next      map[string]string
+}
+
+var _ cache.DeltaResponse = (*deltaResponse)(nil)
+
+func (r *deltaResponse) GetDeltaDiscoveryResponse() (*discoveryv3.DeltaDiscoveryResponse, error) {
+	return &discoveryv3.DeltaDiscoveryResponse{
+		SystemVersionInfo: r.version, Resources: r.resources, RemovedResources: r.removed, TypeUrl: r.req.GetTypeUrl(),
+	}, nil
+}
+func (r *deltaResponse) GetDeltaRequest() *discoveryv3.DeltaDiscoveryRequest { return r.req }
+func (r *deltaResponse) GetSystemVersion() (string, error)                   { return r.version, nil }
+func (r *deltaResponse) GetResponseVersion() string                          { return r.version }
+func (r *deltaResponse) GetNextVersionMap() map[string]string                { return r.next }
+func (r *deltaResponse) GetReturnedResources() map[string]string             { return r.next }
+func (r *deltaResponse) GetContext() context.Context                         { return context.Background() }

@@ -1,0 +1,348 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/registry"
+)
+
+// Options configure the server.
+type Options struct {
+	// Listen is the gRPC address, 127.0.0.1:15010 by default.
+	Listen string
+	// DebounceAfter is the quiet period after a change before pushing;
+	// DebounceMax bounds how long changes may keep postponing a push. Zero
+	// DebounceAfter pushes every change at once.
+	DebounceAfter, DebounceMax time.Duration
+}
+
+// Server is the ADS server.
+type Server struct {
+	opts    Options
+	logger  hclog.Logger
+	cache   *Cache
+	gen     *Generator
+	metrics *metrics
+	grpc    *grpc.Server
+
+	pendingMu sync.Mutex
+	pending   registry.Change
+	firstAt   time.Time // first change of the pending batch
+	lastAt    time.Time // last change of the pending batch
+	wake      chan struct{}
+
+	nodesMu sync.Mutex
+	streams map[int64]*streamInfo
+}
+
+type metrics struct {
+	pushes      *prometheus.CounterVec
+	pushTime    prometheus.Histogram
+	convergence prometheus.Histogram
+	clients     prometheus.Gauge
+	nacks       *prometheus.CounterVec
+}
+
+// streamInfo is one connected client, for /debug/adsz.
+type streamInfo struct {
+	ID     int64                `json:"stream"`
+	Delta  bool                 `json:"delta"`
+	Node   string               `json:"node"`
+	Kind   string               `json:"kind"`
+	View   string               `json:"view"`
+	Since  time.Time            `json:"connected_at"`
+	Types  map[string]*typeInfo `json:"types"`
+	view   View
+	parsed bool
+}
+
+// typeInfo is the ACK/NACK state of one type on one stream.
+type typeInfo struct {
+	SentVersion  string    `json:"sent_version,omitempty"`
+	SentNonce    string    `json:"sent_nonce,omitempty"`
+	SentAt       time.Time `json:"sent_at,omitzero"`
+	AckedVersion string    `json:"acked_version,omitempty"`
+	NACK         string    `json:"nack,omitempty"`
+	NACKedNonce  string    `json:"nacked_nonce,omitempty"`
+	NACKs        int       `json:"nacks"`
+	Resources    int       `json:"resources_last_sent"`
+}
+
+// New builds a server over the aggregate registry. nets may be nil (one
+// network).
+func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog.Logger, reg prometheus.Registerer) *Server {
+	gen := &Generator{Agg: agg, Networks: nets}
+	s := &Server{
+		opts:    opts,
+		logger:  logger.Named("xds"),
+		gen:     gen,
+		cache:   NewCache(gen),
+		wake:    make(chan struct{}, 1),
+		streams: map[int64]*streamInfo{},
+		metrics: &metrics{
+			pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_pushes_total", Help: "xDS responses sent by pushes, by type.",
+			}, []string{"type"}),
+			pushTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name: "estuary_xds_push_seconds", Help: "Time to rebuild resources and answer watches for one push.",
+				Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+			}),
+			convergence: prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name: "estuary_xds_convergence_seconds", Help: "Time from the first registry change of a push until its responses were issued, debounce included.",
+				Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+			}),
+			clients: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "estuary_xds_clients", Help: "Connected xDS streams.",
+			}),
+			nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_nacks_total", Help: "Responses rejected by clients, by type.",
+			}, []string{"type"}),
+		},
+	}
+	if reg != nil {
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks)
+	}
+	agg.Subscribe(s.enqueue)
+	return s
+}
+
+// Cache returns the server's resource cache.
+func (s *Server) Cache() *Cache { return s.cache }
+
+// Generator returns the server's resource generator.
+func (s *Server) Generator() *Generator { return s.gen }
+
+// Start listens and serves until ctx ends. It returns the bound address.
+func (s *Server) Start(ctx context.Context) (net.Addr, error) {
+	ln, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("xds: listen %s: %w", s.opts.Listen, err)
+	}
+	s.grpc = grpc.NewServer(
+		grpc.MaxConcurrentStreams(1<<20),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	xs := serverv3.NewServer(ctx, s.cache, s.callbacks())
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, xs)
+	go s.debounce(ctx)
+	go func() {
+		if err := s.grpc.Serve(ln); err != nil {
+			s.logger.Error("xds server stopped", "error", err)
+		}
+	}()
+	return ln.Addr(), nil
+}
+
+// Stop closes every stream and stops serving.
+func (s *Server) Stop() {
+	if s.grpc != nil {
+		s.grpc.Stop()
+	}
+}
+
+// enqueue records a registry change for the next push. It runs on the
+// registry's update path and never blocks.
+func (s *Server) enqueue(c registry.Change) {
+	s.pendingMu.Lock()
+	now := time.Now()
+	if s.pending.Empty() {
+		s.firstAt = now
+	}
+	s.lastAt = now
+	s.pending.Merge(c)
+	s.pendingMu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// debounce pushes pending changes once they have been quiet for
+// DebounceAfter, or once DebounceMax has passed since the first of them.
+func (s *Server) debounce(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		case <-timer.C:
+		}
+		s.pendingMu.Lock()
+		if s.pending.Empty() {
+			s.pendingMu.Unlock()
+			continue
+		}
+		now := time.Now()
+		quiet := now.Sub(s.lastAt)
+		waited := now.Sub(s.firstAt)
+		if quiet < s.opts.DebounceAfter && waited < s.opts.DebounceMax {
+			wait := min(s.opts.DebounceAfter-quiet, s.opts.DebounceMax-waited)
+			s.pendingMu.Unlock()
+			timer.Reset(wait)
+			continue
+		}
+		change, first := s.pending, s.firstAt
+		s.pending = registry.Change{}
+		s.pendingMu.Unlock()
+		s.push(change, first)
+	}
+}
+
+// push sends a change to every affected watch.
+func (s *Server) push(change registry.Change, first time.Time) {
+	start := time.Now()
+	st := s.cache.Push(change)
+	end := time.Now()
+	s.metrics.pushTime.Observe(end.Sub(start).Seconds())
+	s.metrics.convergence.Observe(end.Sub(first).Seconds())
+	for t, n := range st.Responses {
+		if n > 0 {
+			s.metrics.pushes.WithLabelValues(typeNames[t]).Add(float64(n))
+		}
+	}
+	s.logger.Debug("push", "full", change.Full, "services", len(change.Services), "responses", st.Total(), "took", end.Sub(start))
+}
+
+// PushNow applies a change without debouncing, for tests and benchmarks.
+func (s *Server) PushNow(change registry.Change) PushStats { return s.cache.Push(change) }
+
+var typeNames = [numTypes]string{"cds", "eds", "lds", "rds"}
+
+func typeName(url string) string {
+	if t, ok := typeOf(url); ok {
+		return typeNames[t]
+	}
+	return url
+}
+
+func (s *Server) callbacks() serverv3.Callbacks {
+	open := func(delta bool) func(context.Context, int64, string) error {
+		return func(_ context.Context, id int64, _ string) error {
+			s.nodesMu.Lock()
+			s.streams[id] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			s.nodesMu.Unlock()
+			s.metrics.clients.Inc()
+			return nil
+		}
+	}
+	closed := func(id int64, _ *corev3.Node) {
+		s.nodesMu.Lock()
+		delete(s.streams, id)
+		s.nodesMu.Unlock()
+		s.metrics.clients.Dec()
+	}
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc:        open(false),
+		DeltaStreamOpenFunc:   open(true),
+		StreamClosedFunc:      closed,
+		DeltaStreamClosedFunc: closed,
+		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
+			s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			return nil
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+			s.request(id, req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+			s.sent(id, req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+		},
+		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+			s.sent(id, req.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+		},
+	}
+}
+
+// request records a client request: the node's identity on its first
+// request, and whether it ACKs or NACKs the last response.
+func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, nackMsg string, nack bool) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	si := s.streams[id]
+	if si == nil {
+		return
+	}
+	if !si.parsed && node != nil {
+		n := ParseNode(node)
+		si.Node, si.Kind, si.view, si.View, si.parsed = n.ID, n.Kind.String(), n.View(), n.View().String(), true
+	}
+	ti := si.Types[typeName(typeURL)]
+	if ti == nil {
+		ti = &typeInfo{}
+		si.Types[typeName(typeURL)] = ti
+	}
+	switch {
+	case nack:
+		ti.NACK, ti.NACKedNonce = nackMsg, nonce
+		ti.NACKs++
+		s.metrics.nacks.WithLabelValues(typeName(typeURL)).Inc()
+		s.logger.Warn("client rejected a response", "node", si.Node, "type", typeName(typeURL), "nonce", nonce, "error", nackMsg)
+	case nonce != "":
+		if version == "" {
+			version = ti.SentVersion
+		}
+		ti.AckedVersion, ti.NACK = version, ""
+	}
+}
+
+func (s *Server) sent(id int64, typeURL, version, nonce string, n int) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	si := s.streams[id]
+	if si == nil {
+		return
+	}
+	ti := si.Types[typeName(typeURL)]
+	if ti == nil {
+		ti = &typeInfo{}
+		si.Types[typeName(typeURL)] = ti
+	}
+	ti.SentVersion, ti.SentNonce, ti.SentAt, ti.Resources = version, nonce, time.Now(), n
+}
+
+// Clients lists connected streams, for /debug/adsz.
+func (s *Server) Clients() []streamInfo {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	out := make([]streamInfo, 0, len(s.streams))
+	for _, id := range slices.Sorted(maps.Keys(s.streams)) {
+		si := *s.streams[id]
+		si.Types = map[string]*typeInfo{}
+		for k, v := range s.streams[id].Types {
+			cp := *v
+			si.Types[k] = &cp
+		}
+		out = append(out, si)
+	}
+	return out
+}
+
+// NodeView returns the view of a connected node.
+func (s *Server) NodeView(nodeID string) (View, bool) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	for _, si := range s.streams {
+		if si.parsed && si.Node == nodeID {
+			return si.view, true
+		}
+	}
+	return View{}, false
+}
