@@ -117,7 +117,7 @@ func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog
 	if reg != nil {
 		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks)
 	}
-	agg.Subscribe(s.enqueue)
+	agg.Subscribe(s.Notify)
 	return s
 }
 
@@ -156,9 +156,10 @@ func (s *Server) Stop() {
 	}
 }
 
-// enqueue records a registry change for the next push. It runs on the
-// registry's update path and never blocks.
-func (s *Server) enqueue(c registry.Change) {
+// Notify records a change for the next push; the network manager sends a
+// full change when networks or gateways change. It runs on the registry's
+// update path and never blocks.
+func (s *Server) Notify(c registry.Change) {
 	s.pendingMu.Lock()
 	now := time.Now()
 	if s.pending.Empty() {

@@ -29,14 +29,20 @@ const (
 	metaNetwork = "network"
 	// metaZone (node meta) is the endpoint's zone.
 	metaZone = "zone"
-	// metaTLSMode = "istio" (service meta or tag) marks a workload that
-	// accepts Istio mTLS, with the key of Istio's own label.
-	metaTLSMode = "security.istio.io/tlsMode"
-	// metaNetworkGateway = NET (service meta) makes every healthy instance of
-	// the service a gateway into network NET.
-	metaNetworkGateway = "estuary.io/network-gateway"
-	// metaGatewayPort (service meta) is the gateway's port, as Istio's label.
-	metaGatewayPort = "networking.istio.io/gatewayPort"
+	// metaTLSMode = "istio" (service meta) marks a workload that accepts
+	// Istio mTLS. Consul meta keys allow only letters, digits, "-" and "_",
+	// so Istio's label key works as a tag instead: labelTLSMode=istio.
+	metaTLSMode  = "tls_mode"
+	labelTLSMode = "security.istio.io/tlsMode"
+	// metaNetworkGateway = NET (service meta), or the tag
+	// labelNetworkGateway=NET, makes every healthy instance of the service a
+	// gateway into network NET.
+	metaNetworkGateway  = "network_gateway"
+	labelNetworkGateway = "estuary.io/network-gateway"
+	// metaGatewayPort (service meta), or the tag labelGatewayPort=N as
+	// Istio's label, is the gateway's port.
+	metaGatewayPort  = "gateway_port"
+	labelGatewayPort = "networking.istio.io/gatewayPort"
 
 	// taggedVirtual is the tagged address holding a service's virtual IP.
 	taggedVirtual = "consul-virtual"
@@ -159,7 +165,7 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 			dns = true
 		}
 		eps = append(eps, ep)
-		if net := in.e.Service.Meta[metaNetworkGateway]; net != "" {
+		if net := in.value(metaNetworkGateway, labelNetworkGateway); net != "" {
 			gws = append(gws, gateway(in, net, ep, o, &n))
 		}
 	}
@@ -225,6 +231,15 @@ func parseInstance(e *api.ServiceEntry, n *notices) *instance {
 		}
 	}
 	return in
+}
+
+// value returns the service meta metaKey, else the label labelKey (from a
+// "key=value" tag).
+func (in *instance) value(metaKey, labelKey string) string {
+	if v := in.e.Service.Meta[metaKey]; v != "" {
+		return v
+	}
+	return in.labels[labelKey]
 }
 
 // labels turns tags and meta into labels: "key=value" tags split, plain
@@ -378,7 +393,7 @@ func endpoint(in *instance, ports []sdk.Port, o convertOptions, n *notices) (sdk
 	if weight > 0 {
 		ep.Weight = uint32(min(weight, 1<<31))
 	}
-	if in.labels[metaTLSMode] == "istio" {
+	if in.value(metaTLSMode, labelTLSMode) == "istio" {
 		ep.TLSMode = sdk.TLSModeIstio
 	}
 	for _, p := range ports {
@@ -420,12 +435,12 @@ func gateway(in *instance, network string, ep sdk.Endpoint, o convertOptions, n 
 	if wan.Address != "" {
 		gw.Address = wan.Address
 	}
-	if v, ok := s.Meta[metaGatewayPort]; ok {
+	if v := in.value(metaGatewayPort, labelGatewayPort); v != "" {
 		if p, err := strconv.ParseUint(v, 10, 16); err == nil && p > 0 {
 			gw.Port = uint32(p)
 			return gw
 		}
-		n.add(in.id, fmt.Sprintf("meta %s = %q is not a port number; ignored", metaGatewayPort, v))
+		n.add(in.id, fmt.Sprintf("gateway port %q (meta %s or tag %s) is not a port number; ignored", v, metaGatewayPort, labelGatewayPort))
 	}
 	switch {
 	case wan.Port > 0:

@@ -258,7 +258,7 @@ func TestConvert(t *testing.T) {
 		{
 			name: "locality, network and TLS mode",
 			entries: []*api.ServiceEntry{
-				withNodeMeta(inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"security.istio.io/tlsMode": "istio"}}),
+				withNodeMeta(inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"tls_mode": "istio"}}),
 					map[string]string{"zone": "us-east-1a", "network": "net-node"}),
 				withNodeMeta(inst("n2", "10.0.0.2", api.AgentService{Port: 8080, Tags: []string{"security.istio.io/tlsMode=istio"}, Meta: map[string]string{"network": "net-svc"}}),
 					map[string]string{"network": "net-node"}),
@@ -266,7 +266,7 @@ func TestConvert(t *testing.T) {
 			},
 			want: view{service: svc(tcpPort, nil), endpoints: []sdk.Endpoint{
 				ep("10.0.0.1", "n1", func(e *sdk.Endpoint) {
-					e.Labels = map[string]string{"security.istio.io/tlsMode": "istio"}
+					e.Labels = map[string]string{"tls_mode": "istio"}
 					e.Locality.Zone, e.Network, e.TLSMode = "us-east-1a", "net-node", sdk.TLSModeIstio
 				}),
 				ep("10.0.0.2", "n2", func(e *sdk.Endpoint) {
@@ -305,35 +305,40 @@ func TestConvert(t *testing.T) {
 			},
 		},
 		{
-			name: "network gateways: WAN address, gateway port meta, defaults; unhealthy ones are not gateways",
+			name: "network gateways: WAN address, gateway port, defaults; unhealthy ones are not gateways",
 			entries: []*api.ServiceEntry{
-				withNodeMeta(inst("n1", "10.0.0.1", api.AgentService{Port: 8443, Meta: map[string]string{"estuary.io/network-gateway": "net2"},
+				withNodeMeta(inst("n1", "10.0.0.1", api.AgentService{Port: 8443, Meta: map[string]string{"network_gateway": "net2"},
 					TaggedAddresses: map[string]api.ServiceAddress{"wan": {Address: "203.0.113.1", Port: 15443}}}, "passing"), map[string]string{"zone": "z1"}),
-				inst("n2", "10.0.0.2", api.AgentService{Port: 8443, Meta: map[string]string{"estuary.io/network-gateway": "net2", "networking.istio.io/gatewayPort": "16443"}}),
-				inst("n3", "10.0.0.3", api.AgentService{Port: 8443, Meta: map[string]string{"estuary.io/network-gateway": "net2"}}, "critical"),
-				inst("n4", "10.0.0.4", api.AgentService{Meta: map[string]string{"estuary.io/network-gateway": "net3", "port_tls": "8443"}}),
+				inst("n2", "10.0.0.2", api.AgentService{Port: 8443, Tags: []string{"estuary.io/network-gateway=net2", "networking.istio.io/gatewayPort=16443"}}),
+				inst("n3", "10.0.0.3", api.AgentService{Port: 8443, Meta: map[string]string{"network_gateway": "net2"}}, "critical"),
+				inst("n4", "10.0.0.4", api.AgentService{Meta: map[string]string{"network_gateway": "net3", "port_tls": "8443"}}),
+				inst("n5", "10.0.0.5", api.AgentService{Port: 8443, Meta: map[string]string{"network_gateway": "net3", "gateway_port": "x"}}),
 			},
 			want: view{
 				service: svc([]sdk.Port{{Name: "tcp", Number: 8443, Protocol: "TCP"}}, nil),
 				endpoints: []sdk.Endpoint{
 					ep("10.0.0.1", "n1", func(e *sdk.Endpoint) {
-						e.Labels = map[string]string{"estuary.io/network-gateway": "net2"}
+						e.Labels = map[string]string{"network_gateway": "net2"}
 						e.Locality.Zone = "z1"
 					}),
 					ep("10.0.0.2", "n2", func(e *sdk.Endpoint) {
 						e.Labels = map[string]string{"estuary.io/network-gateway": "net2", "networking.istio.io/gatewayPort": "16443"}
 					}),
 					ep("10.0.0.4", "n4", func(e *sdk.Endpoint) {
-						e.Labels = map[string]string{"estuary.io/network-gateway": "net3", "port_tls": "8443"}
+						e.Labels = map[string]string{"network_gateway": "net3", "port_tls": "8443"}
+					}),
+					ep("10.0.0.5", "n5", func(e *sdk.Endpoint) {
+						e.Labels = map[string]string{"network_gateway": "net3", "gateway_port": "x"}
 					}),
 				},
 				gateways: []sdk.NetworkGateway{
 					{Network: "net2", Cluster: "dc1", Address: "10.0.0.2", Port: 16443, Locality: sdk.Locality{Region: "dc1"}},
 					{Network: "net2", Cluster: "dc1", Address: "203.0.113.1", Port: 15443, Locality: sdk.Locality{Region: "dc1", Zone: "z1"}},
 					{Network: "net3", Cluster: "dc1", Address: "10.0.0.4", Port: 15443, Locality: sdk.Locality{Region: "dc1"}},
+					{Network: "net3", Cluster: "dc1", Address: "10.0.0.5", Port: 8443, Locality: sdk.Locality{Region: "dc1"}},
 				},
 			},
-			notice: `"tls" is dropped`,
+			notice: `gateway port "x"`,
 		},
 	}
 	for _, tt := range tests {
@@ -402,7 +407,7 @@ func TestConvertIsDeterministic(t *testing.T) {
 	a := []*api.ServiceEntry{
 		inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"port_x": "1", "port_y": "2"}}),
 		inst("n2", "10.0.0.2", api.AgentService{Port: 8081, Tags: []string{"grpc"}}),
-		inst("n3", "10.0.0.3", api.AgentService{Port: 8081, Meta: map[string]string{"protocol": "nope", "estuary.io/network-gateway": "n"}}),
+		inst("n3", "10.0.0.3", api.AgentService{Port: 8081, Meta: map[string]string{"protocol": "nope", "network_gateway": "n"}}),
 	}
 	b := []*api.ServiceEntry{a[2], a[0], a[1]}
 	va, vb := convert("web", a, testOpts), convert("web", b, testOpts)

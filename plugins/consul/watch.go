@@ -98,6 +98,9 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 			if !sleep(ctx, bo.next()) {
 				return
 			}
+			// Retry with a list, not a blocking query: it answers at once,
+			// so the health recovers as soon as Consul does.
+			index = 0
 			continue
 		}
 		bo.reset()
@@ -242,6 +245,7 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 			if !sleep(ctx, bo.next()) {
 				return
 			}
+			index = 0 // as in watchCatalog
 			continue
 		}
 		bo.reset()

@@ -236,6 +236,7 @@ func (c *controller) syncMemberLocked(secret, id string, kubeconfig []byte) stri
 			if m.next != nil { // rotated back before the rotation finished
 				m.next.stop()
 				m.next = nil
+				m.current.setExtraNotices(nil)
 			}
 			return ""
 		}
@@ -264,6 +265,10 @@ func (c *controller) syncMemberLocked(secret, id string, kubeconfig []byte) stri
 		m.next.stop()
 	}
 	m.next, m.nextDigest = cl, digest
+	m.current.setExtraNotices([]sdk.Notice{{
+		Subject: fmt.Sprintf("secret %s, key %q", secret, id),
+		Message: fmt.Sprintf("kubeconfig rotating: a client with the new kubeconfig is syncing (up to %s) before it replaces the current one", c.opts.remoteSyncTimeout),
+	}})
 	c.wg.Add(1)
 	go c.finishRotation(m, cl)
 	return ""

@@ -215,23 +215,24 @@ func (c *converter) externalNameEndpoints(svc *corev1.Service) []sdk.Endpoint {
 
 // endpoints builds a service's endpoints from its EndpointSlices: the ready
 // endpoints (all of them if the service publishes not-ready addresses), one
-// per address, with the service port names mapped to the slice's ports.
+// per address, with the service port names mapped to the slice's ports,
+// sorted by address.
 // An address listed by several slices (for example while the EndpointSlice
 // controller moves it) appears once, with the ports of all.
-func (c *converter) endpoints(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, objs objects) []sdk.Endpoint {
+func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, objs objects) []sdk.Endpoint {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return c.externalNameEndpoints(svc)
 	}
 	n := 0
-	for _, s := range slices {
+	for _, s := range epSlices {
 		n += len(s.Endpoints)
 	}
 	out := make([]sdk.Endpoint, 0, n)
 	var seen map[string]int // address -> index in out, only with several slices
-	if len(slices) > 1 {
+	if len(epSlices) > 1 {
 		seen = make(map[string]int, n)
 	}
-	for _, s := range slices {
+	for _, s := range epSlices {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}
@@ -252,6 +253,9 @@ func (c *converter) endpoints(svc *corev1.Service, slices []*discoveryv1.Endpoin
 			out = append(out, c.endpoint(svc.Namespace, addr, ports, e, objs))
 		}
 	}
+	// By address: the same endpoints give the same slice however the
+	// EndpointSlice controller spreads them, so State sees no change.
+	slices.SortFunc(out, func(a, b sdk.Endpoint) int { return strings.Compare(a.Address, b.Address) })
 	return out
 }
 

@@ -1,14 +1,18 @@
 package kubernetes
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/sdktest"
+	"github.com/estuary-mesh/estuary/testbed"
 )
 
 func gatewaySvc(mutate func(*corev1.Service)) *corev1.Service {
@@ -204,4 +208,117 @@ func TestGateways(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGatewayDiscovery creates gateway services of every kind on a real API
+// server and checks the NetworkGateways the instance reports, and that node,
+// endpoint and service changes update them.
+func TestGatewayDiscovery(t *testing.T) {
+	tb := testbed.StartKube(t)
+	k := kube{t, tb.Client()}
+	ns := k.namespace("gw", nil)
+	k.node("n1", map[string]string{"gw": "yes", labelRegion: "eu"}, "203.0.113.1")
+	k.node("n2", map[string]string{"gw": "yes"}, "203.0.113.2")
+	k.node("n3", map[string]string{"gw": "yes"})
+	tlsPort := []corev1.ServicePort{{Name: "tls", Port: 15443}}
+	gwService := func(name, network string, typ corev1.ServiceType, mutate func(*corev1.Service)) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{labelNetwork: network}},
+			Spec:       corev1.ServiceSpec{Type: typ, Ports: slices.Clone(tlsPort)},
+		}
+		if mutate != nil {
+			mutate(s)
+		}
+		return k.service(s)
+	}
+	setIngress := func(name string, ingress ...corev1.LoadBalancerIngress) {
+		t.Helper()
+		svc, err := k.c.CoreV1().Services(ns).Get(ctxb, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Status.LoadBalancer.Ingress = ingress
+		if _, err := k.c.CoreV1().Services(ns).UpdateStatus(ctxb, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("update status of %s: %v", name, err)
+		}
+	}
+
+	gwService("lb", "net-lb", corev1.ServiceTypeLoadBalancer, nil)
+	setIngress("lb", corev1.LoadBalancerIngress{IP: "198.51.100.1"})
+	gwService("ext", "net-ext", corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
+		s.Spec.ExternalIPs = []string{"192.0.2.10"}
+		s.Labels[labelGatewayPort] = "16443"
+		s.Spec.Ports = []corev1.ServicePort{{Name: "tls", Port: 16443}}
+	})
+	np := gwService("np", "net-np", corev1.ServiceTypeNodePort, func(s *corev1.Service) {
+		s.Annotations = map[string]string{annotationNodeSelector: `{"gw": "yes"}`}
+	})
+	npl := gwService("npl", "net-local", corev1.ServiceTypeNodePort, func(s *corev1.Service) {
+		s.Annotations = map[string]string{annotationNodeSelector: `{"gw": "yes"}`}
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	})
+	k.slice(endpointSlice(ns, "npl-1", "npl", map[string]int32{"tls": 15443}, epSpec{addr: "10.30.0.2", node: "n2"}, epSpec{addr: "10.30.0.1", node: "n1", ready: ready(false)}))
+	gwService("ovr", "net-ovr", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+		s.Annotations = map[string]string{annotationGatewayAddress: "gw.example.com:443"}
+	})
+	setIngress("ovr", corev1.LoadBalancerIngress{IP: "198.51.100.9"})
+	npPort, nplPort := uint32(np.Spec.Ports[0].NodePort), uint32(npl.Spec.Ports[0].NodePort)
+	if npPort == 0 || nplPort == 0 {
+		t.Fatalf("API server allocated no node ports: %d, %d", npPort, nplPort)
+	}
+
+	h := sdktest.Start(t, Factory)
+	h.Configure(t, fmt.Sprintf("kubeconfig = %q\ncluster_id = \"c1\"\n", tb.Kubeconfig), sdk.MeshSettings{DomainSuffix: "cluster.local"})
+	w := h.Watch(t)
+	eu := sdk.Locality{Region: "eu"}
+	gw := func(network, addr string, port uint32, loc sdk.Locality) sdk.NetworkGateway {
+		return sdk.NetworkGateway{Network: network, Cluster: "c1", Address: addr, Port: port, Locality: loc}
+	}
+	waitGateways := func(what string, want []sdk.NetworkGateway, notices ...string) {
+		t.Helper()
+		w.WaitFor(t, waitTimeout, what, func(r *sdktest.Replica) bool {
+			in := instance(r, "c1")
+			if in == nil || !in.Synced || !slices.Equal(in.Gateways, want) {
+				return false
+			}
+			for i := 0; i < len(notices); i += 2 {
+				if !hasNotice(in, notices[i], notices[i+1]) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	subject := func(name string) string { return "service " + ns + "/" + name }
+	waitGateways("every kind of gateway", []sdk.NetworkGateway{
+		gw("net-ext", "192.0.2.10", 16443, sdk.Locality{}),
+		gw("net-lb", "198.51.100.1", 15443, sdk.Locality{}),
+		gw("net-local", "203.0.113.2", nplPort, sdk.Locality{}),
+		gw("net-np", "203.0.113.1", npPort, eu),
+		gw("net-np", "203.0.113.2", npPort, sdk.Locality{}),
+		gw("net-ovr", "gw.example.com", 443, sdk.Locality{}),
+	},
+		subject("np"), "node n3 dropped: it has no ExternalIP address",
+		subject("npl"), "node n1 (203.0.113.1) dropped: externalTrafficPolicy is Local",
+		subject("ovr"), "address 198.51.100.9 dropped: replaced by the estuary.io/gateway-address annotation",
+	)
+
+	// A node gains an ExternalIP; a Local gateway gains a ready endpoint;
+	// a LoadBalancer stops being a gateway.
+	k.updateNode("n3", func(n *corev1.Node) {
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "203.0.113.3"}}
+	})
+	k.updateSlice(ns, "npl-1", func(s *discoveryv1.EndpointSlice) { s.Endpoints[1].Conditions.Ready = ready(true) })
+	k.updateService(ns, "lb", func(s *corev1.Service) { delete(s.Labels, labelNetwork) })
+	waitGateways("gateways after node, endpoint and service changes", []sdk.NetworkGateway{
+		gw("net-ext", "192.0.2.10", 16443, sdk.Locality{}),
+		gw("net-local", "203.0.113.1", nplPort, eu),
+		gw("net-local", "203.0.113.2", nplPort, sdk.Locality{}),
+		gw("net-np", "203.0.113.1", npPort, eu),
+		gw("net-np", "203.0.113.2", npPort, sdk.Locality{}),
+		gw("net-np", "203.0.113.3", npPort, sdk.Locality{}),
+		gw("net-ovr", "gw.example.com", 443, sdk.Locality{}),
+	},
+		subject("npl"), "node n3 (203.0.113.3) dropped: externalTrafficPolicy is Local",
+	)
 }
