@@ -323,7 +323,12 @@ func (r *Registry) ServiceInstances(ips []string, clusterID string) []ServiceIns
 			if set.Len() == 0 {
 				continue
 			}
+			// The two reads are not atomic: the service may have been
+			// deleted since its endpoints were read.
 			svc := in.Service(h)
+			if svc == nil {
+				continue
+			}
 			for i := range set.Endpoints {
 				e := &set.Endpoints[i]
 				if !slices.Contains(ips, e.Address) {
