@@ -28,12 +28,13 @@ import (
 )
 
 // Timing of the Kubernetes source: how often it looks for the CRDs while
-// they are not installed, and the bounds of its retry backoff while the API
-// server cannot be reached.
+// they are not installed, the bounds of its retry backoff while the API
+// server cannot be reached, and how often it probes the server's health.
 var (
 	crdPoll        = 5 * time.Second
 	kubeRetryFirst = time.Second
 	kubeRetryMax   = 30 * time.Second
+	kubeProbe      = 5 * time.Second
 )
 
 // kubeOrigin is the origin of objects read from the cluster.
@@ -145,7 +146,7 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 	s.mu.Unlock()
 	s.logger.Info("synced", "server", cfg.Host, "namespaces", s.settings.namespaces)
 	changed()
-	s.watchHealth(ctx, disc, changed)
+	s.watchHealth(ctx, disc, dyn, gvrs, namespaces, cfg.Host, changed)
 }
 
 // discover finds the API version to watch for each kind, retrying while the
@@ -212,9 +213,14 @@ func servedResources(disc discovery.DiscoveryInterface) (gvrs map[string]schema.
 	return gvrs, missing, nil
 }
 
-// watchHealth clears a watch problem once the server answers again.
-func (s *kubeSource) watchHealth(ctx context.Context, disc discovery.DiscoveryInterface, changed func()) {
-	t := time.NewTicker(kubeRetryFirst)
+// watchHealth probes the API server every kubeProbe: informers retry a
+// refused connection quietly, so their error handler alone does not tell
+// that the server is gone. While a problem is reported, the probe also lists
+// each watched resource, so that a refused watch (RBAC) stays reported until
+// the list works.
+func (s *kubeSource) watchHealth(ctx context.Context, disc discovery.DiscoveryInterface, dyn dynamic.Interface,
+	gvrs map[string]schema.GroupVersionResource, namespaces []string, host string, changed func()) {
+	t := time.NewTicker(kubeProbe)
 	defer t.Stop()
 	for {
 		select {
@@ -223,15 +229,36 @@ func (s *kubeSource) watchHealth(ctx context.Context, disc discovery.DiscoveryIn
 		case <-t.C:
 		}
 		s.mu.Lock()
-		bad := s.problem != ""
+		deep := s.problem != ""
 		s.mu.Unlock()
-		if !bad {
+		if err := probe(ctx, disc, dyn, gvrs, namespaces, deep); err != nil {
+			if ctx.Err() == nil {
+				s.setProblem(fmt.Sprintf("kubernetes %s: %v", host, err), changed)
+			}
 			continue
 		}
-		if _, err := disc.ServerVersion(); err == nil {
-			s.setProblem("", changed)
+		s.setProblem("", changed)
+	}
+}
+
+func probe(ctx context.Context, disc discovery.DiscoveryInterface, dyn dynamic.Interface,
+	gvrs map[string]schema.GroupVersionResource, namespaces []string, deep bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := disc.RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
+		return err
+	}
+	if !deep {
+		return nil
+	}
+	for _, kind := range slices.Sorted(maps.Keys(gvrs)) {
+		for _, ns := range namespaces {
+			if _, err := dyn.Resource(gvrs[kind]).Namespace(ns).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return fmt.Errorf("listing %s: %w", gvrs[kind].Resource, err)
+			}
 		}
 	}
+	return nil
 }
 
 func (s *kubeSource) setProblem(p string, changed func()) {
