@@ -279,13 +279,18 @@ func ClusterName(port uint32, subset, host string) string {
 
 // ParseClusterName splits an outbound cluster name.
 func ParseClusterName(name string) (port uint32, subset, host string, ok bool) {
-	parts := strings.SplitN(name, "|", 4)
-	if len(parts) != 4 || parts[0] != "outbound" {
+	rest, found := strings.CutPrefix(name, "outbound|")
+	if !found {
 		return 0, "", "", false
 	}
-	p, err := strconv.ParseUint(parts[1], 10, 32)
+	ps, rest, found1 := strings.Cut(rest, "|")
+	subset, host, found2 := strings.Cut(rest, "|")
+	if !found1 || !found2 {
+		return 0, "", "", false
+	}
+	p, err := strconv.ParseUint(ps, 10, 32)
 	if err != nil {
 		return 0, "", "", false
 	}
-	return uint32(p), parts[2], parts[3], true
+	return uint32(p), subset, host, true
 }

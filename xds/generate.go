@@ -29,32 +29,12 @@ type Resource struct {
 	Name    string
 	Version string
 	Any     *anypb.Any
-	// deps are what a CLA was built from, so an unchanged one is not
-	// rebuilt. Holding them keeps the compared pointers from being reused.
-	deps *claDeps
+	// hostVersion and netGen are what a CLA was built from: the
+	// aggregate's version of its hostname and the network generation.
+	// Equal inputs give equal output, so an unchanged CLA is not rebuilt.
+	hostVersion, netGen uint64
 	// eds marks clusters whose endpoints come by EDS.
 	eds bool
-}
-
-// claDeps are the inputs of a CLA: the merged service, each instance's
-// immutable endpoint set, and the network generation. Equal inputs give
-// equal output.
-type claDeps struct {
-	svc    *sdk.Service
-	sets   []*registry.EndpointSet
-	netGen uint64
-}
-
-func (d *claDeps) same(svc *sdk.Service, sources []aggregate.EndpointSource, netGen uint64) bool {
-	if d == nil || d.svc != svc || d.netGen != netGen || len(d.sets) != len(sources) {
-		return false
-	}
-	for i, s := range sources {
-		if d.sets[i] != s.Set {
-			return false
-		}
-	}
-	return true
 }
 
 var hashSeed = maphash.MakeSeed()
@@ -272,6 +252,14 @@ func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
 	if !ok {
 		return nil
 	}
+	var netGen uint64
+	if g.Networks != nil {
+		netGen = g.Networks.Generation()
+	}
+	hostVersion := g.Agg.HostVersion(host)
+	if prev != nil && prev.hostVersion == hostVersion && prev.netGen == netGen {
+		return prev
+	}
 	svc := g.Agg.GetService(host)
 	if svc == nil || svc.Resolution != sdk.ResolutionStatic {
 		return nil
@@ -280,27 +268,15 @@ func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
 	if !ok {
 		return nil
 	}
-	sources := g.Agg.EndpointSources(host)
-	var netGen uint64
-	if g.Networks != nil {
-		netGen = g.Networks.Generation()
-	}
-	if prev != nil && prev.deps.same(svc.Service, sources, netGen) {
-		return prev
-	}
-	groups := g.LocalityGroups(v, svc, p, subset, sources)
+	groups := g.LocalityGroups(v, svc, p, subset, g.Agg.EndpointSources(host))
 	r := newResource(name, resourcev3.EndpointType, EncodeCLA(name, groups))
-	r.deps = &claDeps{svc: svc.Service, sets: make([]*registry.EndpointSet, len(sources)), netGen: netGen}
-	for i, s := range sources {
-		r.deps.sets[i] = s.Set
-	}
+	r.hostVersion, r.netGen = hostVersion, netGen
 	return r
 }
 
 // LocalityGroups computes the endpoints a view receives for one cluster,
 // grouped by locality, after the network filter.
 func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource) []LocalityGroup {
-	idx := map[string]int{}
 	var groups []LocalityGroup
 	for _, src := range sources {
 		cluster := src.Instance.Key.Cluster
@@ -316,11 +292,10 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 			if network == "" && g.Networks != nil {
 				network = g.Networks.EndpointNetwork(src.Instance.Key, src.Properties, e.Address)
 			}
-			j, ok := idx[e.Locality]
-			if !ok {
+			j := localityIndex(groups, e.Locality)
+			if j < 0 {
 				j = len(groups)
-				idx[e.Locality] = j
-				groups = append(groups, LocalityGroup{Locality: e.Locality})
+				groups = append(groups, LocalityGroup{Locality: e.Locality, Endpoints: make([]LbEndpoint, 0, src.Set.Len())})
 			}
 			groups[j].Endpoints = append(groups[j].Endpoints, LbEndpoint{
 				Address: e.Address, Port: e.TargetPort(p), Weight: e.Weight, Health: e.Health,
@@ -341,6 +316,21 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 		groups = g.Networks.Filter(v, ClusterName(p.Number, subset, svc.Hostname), groups)
 	}
 	return groups
+}
+
+// localityIndex finds a locality's group. Services span few localities,
+// so a scan beats a map; the last group is checked first since endpoints
+// of one locality tend to come together.
+func localityIndex(groups []LocalityGroup, l string) int {
+	if n := len(groups); n > 0 && groups[n-1].Locality == l {
+		return n - 1
+	}
+	for i := range groups {
+		if groups[i].Locality == l {
+			return i
+		}
+	}
+	return -1
 }
 
 func findPort(ports []sdk.Port, number uint32) (sdk.Port, bool) {

@@ -59,6 +59,14 @@ type Registry struct {
 	merged map[string]*Service // cache; a missing entry is recomputed
 	gen    uint64              // bumped on every invalidation
 
+	// versions count changes per hostname (service or endpoints); epoch
+	// is the counter's value at the last full change. Both come from one
+	// counter, so HostVersion never repeats for different data.
+	versionsMu sync.RWMutex
+	counter    uint64
+	epoch      uint64
+	versions   map[string]uint64
+
 	subsMu sync.Mutex
 	subs   []func(registry.Change)
 
@@ -68,8 +76,9 @@ type Registry struct {
 // New builds the aggregate over store and follows its changes.
 func New(store *registry.Store, reg prometheus.Registerer) *Registry {
 	r := &Registry{
-		store:  store,
-		merged: map[string]*Service{},
+		store:    store,
+		merged:   map[string]*Service{},
+		versions: map[string]uint64{},
 		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "estuary_aggregate_conflicts",
 			Help: "Attribute conflicts between instances that report the same hostname (the first instance wins).",
@@ -91,6 +100,16 @@ func (r *Registry) Subscribe(fn func(registry.Change)) {
 }
 
 func (r *Registry) onChange(c registry.Change) {
+	r.versionsMu.Lock()
+	r.counter++
+	if c.Full {
+		r.epoch = r.counter
+		clear(r.versions)
+	}
+	for h := range c.Services {
+		r.versions[h] = r.counter
+	}
+	r.versionsMu.Unlock()
 	r.mu.Lock()
 	r.gen++
 	if c.Full {
@@ -109,6 +128,15 @@ func (r *Registry) onChange(c registry.Change) {
 	for _, fn := range subs {
 		fn(c)
 	}
+}
+
+// HostVersion changes whenever the service or endpoints of hostname may
+// have changed. Read it before reading the data it guards: a change in
+// between then only causes a needless rebuild later, never a stale one.
+func (r *Registry) HostVersion(hostname string) uint64 {
+	r.versionsMu.RLock()
+	defer r.versionsMu.RUnlock()
+	return max(r.versions[hostname], r.epoch)
 }
 
 // Store returns the underlying replica.

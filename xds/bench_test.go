@@ -1,0 +1,121 @@
+package xds
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/estuary-mesh/estuary/host/registry"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+)
+
+// edsShapes are the endpoints-per-service / services shapes of Istio's
+// BenchmarkEndpointGeneration.
+var edsShapes = []struct{ endpoints, services int }{
+	{1, 100}, {10, 10}, {100, 10}, {1000, 1}, {10000, 1}, {100, 100},
+}
+
+var proxylessView = View{Kind: KindProxyless, Network: "network1", Cluster: "cluster1"}
+
+// BenchmarkEDSGeneration builds every CLA from scratch (no cache) with
+// locality, weight and network/cluster/tlsMode metadata on every endpoint,
+// including marshalling. One op builds all CLAs of the shape.
+func BenchmarkEDSGeneration(b *testing.B) {
+	for _, sh := range edsShapes {
+		b.Run(fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services), func(b *testing.B) {
+			f := newFixture(b)
+			f.populate(sh.services, sh.endpoints)
+			gen := &Generator{Agg: f.agg}
+			names := make([]string, sh.services)
+			for i := range names {
+				names[i] = ClusterName(8080, "", svcHost(i))
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				for _, n := range names {
+					if gen.CLA(proxylessView, n, nil) == nil {
+						b.Fatal("no CLA")
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*sh.endpoints*sh.services), "ns/endpoint")
+		})
+	}
+}
+
+// BenchmarkEDSRegenerateUnchanged asks again for CLAs whose inputs did not
+// change: the previous resource must come back without being rebuilt.
+func BenchmarkEDSRegenerateUnchanged(b *testing.B) {
+	for _, sh := range edsShapes {
+		b.Run(fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services), func(b *testing.B) {
+			f := newFixture(b)
+			f.populate(sh.services, sh.endpoints)
+			gen := &Generator{Agg: f.agg}
+			prev := make([]*Resource, sh.services)
+			for i := range prev {
+				prev[i] = gen.CLA(proxylessView, ClusterName(8080, "", svcHost(i)), nil)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				for i, p := range prev {
+					if gen.CLA(proxylessView, p.Name, p) != prev[i] {
+						b.Fatal("unchanged CLA was rebuilt")
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*sh.endpoints*sh.services), "ns/endpoint")
+		})
+	}
+}
+
+// BenchmarkPushOneChange: 1,000 watchers over 10,000 CLAs (each watches
+// ten), one CLA changes. Only its one watcher may be answered.
+func BenchmarkPushOneChange(b *testing.B) {
+	const services, watchers, perWatcher = 10000, 1000, 10
+	f := newFixture(b)
+	f.populate(services, 1)
+	c := NewCache(&Generator{Agg: f.agg})
+	ws := openEDSWatches(b, c, proxylessView, watchers, perWatcher, services)
+	variants := [2][]*registryv1.Endpoint{genEndpoints(1, 1), genEndpoints(1, 2)}
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		f.endpoints(svcHost(0), variants[i%2])
+		ws.rearm(b, c)
+		b.StartTimer()
+		st := c.Push(registry.Change{Services: map[string]bool{svcHost(0): false}})
+		if st.Total() != 1 {
+			b.Fatalf("push answered %d watches, want exactly 1", st.Total())
+		}
+	}
+}
+
+// BenchmarkHeapPerEndpoint reports the host's heap per endpoint held in
+// the replica and in the xDS cache with 1,000 proxyless clients watching,
+// at 100,000 endpoints (1,000 services × 100).
+func BenchmarkHeapPerEndpoint(b *testing.B) {
+	const services, perService, clients = 1000, 100, 1000
+	for b.Loop() {
+		base := heapInUse()
+		f := newFixture(b)
+		f.populate(services, perService)
+		replica := heapInUse()
+		c := NewCache(&Generator{Agg: f.agg})
+		ws := openEDSWatches(b, c, proxylessView, clients, 10, services)
+		withClients := heapInUse()
+		b.ReportMetric(float64(replica-base)/float64(services*perService), "replica-B/endpoint")
+		b.ReportMetric(float64(withClients-base)/float64(services*perService), "total-B/endpoint")
+		b.ReportMetric(float64(withClients-replica)/float64(clients), "xds-B/client")
+		runtime.KeepAlive(ws)
+		runtime.KeepAlive(f)
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
