@@ -77,10 +77,13 @@ type typeInfo struct {
 	SentNonce    string    `json:"sent_nonce,omitempty"`
 	SentAt       time.Time `json:"sent_at,omitzero"`
 	AckedVersion string    `json:"acked_version,omitempty"`
-	NACK         string    `json:"nack,omitempty"`
-	NACKedNonce  string    `json:"nacked_nonce,omitempty"`
-	NACKs        int       `json:"nacks"`
-	Resources    int       `json:"resources_last_sent"`
+	// State is ACK or NACK: how the client answered the last response.
+	State string `json:"state,omitempty"`
+	// NACK is the error of the most recent rejection, kept after later ACKs.
+	NACK        string `json:"last_nack,omitempty"`
+	NACKedNonce string `json:"last_nacked_nonce,omitempty"`
+	NACKs       int    `json:"nacks"`
+	Resources   int    `json:"resources_last_sent"`
 }
 
 // New builds a server over the aggregate registry. nets may be nil (one
@@ -292,7 +295,7 @@ func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, n
 	}
 	switch {
 	case nack:
-		ti.NACK, ti.NACKedNonce = nackMsg, nonce
+		ti.State, ti.NACK, ti.NACKedNonce = "NACK", nackMsg, nonce
 		ti.NACKs++
 		s.metrics.nacks.WithLabelValues(typeName(typeURL)).Inc()
 		s.logger.Warn("client rejected a response", "node", si.Node, "type", typeName(typeURL), "nonce", nonce, "error", nackMsg)
@@ -300,7 +303,7 @@ func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, n
 		if version == "" {
 			version = ti.SentVersion
 		}
-		ti.AckedVersion, ti.NACK = version, ""
+		ti.AckedVersion, ti.State = version, "ACK"
 	}
 }
 

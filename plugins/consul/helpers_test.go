@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -277,7 +279,7 @@ func startProxy(t testing.TB, addr string) *agentProxy {
 			}
 			return nil
 		},
-		ErrorLog: nil,
+		ErrorLog: log.New(io.Discard, "", 0), // cancelled long polls at cleanup are expected
 	}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.count.Add(1)

@@ -66,13 +66,13 @@ type cluster struct {
 	queue                                               workqueue.TypedInterface[workItem]
 	conv                                                converter // owned by the worker goroutine
 
-	ctx      context.Context
-	cancel   context.CancelFunc
-	started  atomic.Bool
-	done     chan struct{} // closed when run returns
-	synced   chan struct{} // closed when the informers have synced
-	activate func()        // allows publishing; idempotent
-	active   chan struct{} // closed by activate
+	ctx          context.Context
+	cancel       context.CancelFunc
+	started      atomic.Bool
+	done         chan struct{} // closed when run returns
+	synced       chan struct{} // closed when the informers have synced
+	activateOnce sync.Once
+	active       chan struct{} // closed by activate
 	// live is set once the first snapshot is being built: from then on
 	// informer events are queued for the worker.
 	live atomic.Bool
@@ -80,7 +80,8 @@ type cluster struct {
 	mu        sync.Mutex // guards the fields below and the order of SetHealth calls
 	activated bool
 	stopped   bool
-	published bool              // the first snapshot is in the State
+	published bool              // this cluster's first snapshot is in the State
+	inherited bool              // the instance holds state a previous client published
 	failures  map[string]string // request path -> last failure, "" when it succeeded
 	gwNotices []sdk.Notice
 	extra     []sdk.Notice // notices of others about this instance (the primary's secrets)
@@ -128,7 +129,6 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 			network:      spec.network,
 		},
 	}
-	c.activate = sync.OnceFunc(c.doActivate)
 	var err error
 	c.client, c.httpClient, c.dialer, err = newClient(rc, c.observe)
 	if err != nil {
@@ -229,15 +229,30 @@ func (c *cluster) stop() {
 	utilnet.CloseIdleConnectionsFor(c.httpClient.Transport)
 }
 
-// doActivate announces the instance and lets the cluster publish.
-func (c *cluster) doActivate() {
+// activate announces the instance and lets the cluster publish once it has
+// synced. It is called once, for the first client of an instance.
+func (c *cluster) activate() {
+	c.activateOnce.Do(func() { c.doActivate(false) })
+}
+
+// takeOver lets a cluster publish into an instance that a previous client
+// of the same cluster filled: the instance keeps that state, properties
+// included, until this cluster has synced and replaces it.
+func (c *cluster) takeOver() {
+	c.activateOnce.Do(func() { c.doActivate(true) })
+}
+
+func (c *cluster) doActivate(takeOver bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
 		return
 	}
 	c.activated = true
-	c.state.SetInstance(c.id, c.properties(c.spec.network))
+	c.inherited = takeOver
+	if !takeOver {
+		c.state.SetInstance(c.id, c.properties(c.spec.network))
+	}
 	c.publishHealthLocked()
 	close(c.active)
 }
@@ -701,12 +716,14 @@ func (c *cluster) publishHealthLocked() {
 		}
 	}
 	switch {
-	case len(failed) > 0 && c.published:
+	case len(failed) > 0 && (c.published || c.inherited):
 		h.Healthy = false
 		h.Message = fmt.Sprintf("disconnected from API server %s, serving the last-known state: %s", c.server, strings.Join(failed, "; "))
 	case len(failed) > 0:
 		h.Healthy = false
 		h.Message = fmt.Sprintf("cannot sync with API server %s: %s", c.server, strings.Join(failed, "; "))
+	case !c.published && c.inherited:
+		h.Message = "syncing with API server " + c.server + " with a new kubeconfig; serving the last-known state meanwhile"
 	case !c.published:
 		h.Message = "syncing with API server " + c.server
 	}

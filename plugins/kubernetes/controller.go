@@ -296,7 +296,7 @@ func (c *controller) finishRotation(m *member, next *cluster) {
 	}
 	m.current.stop()
 	m.current, m.digest, m.next = next, m.nextDigest, nil
-	next.activate()
+	next.takeOver()
 	c.log.Info("switched to the new kubeconfig", "cluster", m.clusterID)
 }
 

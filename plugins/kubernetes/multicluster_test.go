@@ -225,6 +225,45 @@ users:
 		}
 	})
 
+	t.Run("rotate to a token the API server refuses", func(t *testing.T) {
+		// The new client never syncs: after remote_sync_timeout it takes
+		// over anyway, and the instance keeps its last-known state.
+		rec.invariant(t, func(r *sdktest.Replica) error {
+			if got := endpointAddrs(instance(r, "cluster2"), echoHost); len(got) != 3 {
+				return fmt.Errorf("cluster2 endpoints of %s = %v", echoHost, got)
+			}
+			return nil
+		})
+		defer rec.invariant(t, nil)
+		setToken := func(token string) {
+			t.Helper()
+			s, err := secrets.Get(ctxb, secretName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Data["cluster2"] = []byte(remoteKubeconfig("cluster2", ks[1].Server, ks[1].CAData, token))
+			if _, err := secrets.Update(ctxb, s, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setToken("not-a-valid-token")
+		rec.waitFor(t, "cluster2 on the refused token, last-known state kept", func(r *sdktest.Replica) bool {
+			in := instance(r, "cluster2")
+			return in.Health != nil && !in.Health.Healthy && strings.Contains(in.Health.Message, "401") &&
+				strings.Contains(in.Health.Message, "last-known state") && !hasNotice(in, "", "kubeconfig rotating")
+		})
+		rec.with(func(r *sdktest.Replica) {
+			if msg := instance(r, "cluster2").Health.Message; strings.Contains(msg, "not-a-valid-token") {
+				t.Errorf("health message shows the token: %s", msg)
+			}
+		})
+		setToken(tokenB)
+		rec.waitFor(t, "cluster2 healthy on a good token again", func(r *sdktest.Replica) bool {
+			in := instance(r, "cluster2")
+			return in.Health != nil && in.Health.Healthy && in.Health.Message == ""
+		})
+	})
+
 	t.Run("unreachable", func(t *testing.T) {
 		ks[1].Stop()
 		rec.waitFor(t, "cluster2 shown disconnected", func(r *sdktest.Replica) bool {

@@ -143,7 +143,9 @@ func TestDirectoryWatch(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(staticEntry("a", "a.example.com", "10.0.0.9")), 0o644); err != nil {
 				t.Fatal(err)
 			}
-		}, func(in *sdktest.Instance) bool { return slices.Equal(addresses(in, "a.example.com"), []string{"10.0.0.9"}) }},
+		}, func(in *sdktest.Instance) bool {
+			return slices.Equal(addresses(in, "a.example.com"), []string{"10.0.0.9"})
+		}},
 		{"add a file with a selector and workloads", func() {
 			writeFile(t, dir, "b.yaml", `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -160,7 +162,9 @@ kind: WorkloadEntry
 metadata: {name: b1, namespace: default}
 spec: {address: 10.1.0.1, labels: {app: b}}
 `)
-		}, func(in *sdktest.Instance) bool { return slices.Equal(addresses(in, "b.example.com"), []string{"10.1.0.1"}) }},
+		}, func(in *sdktest.Instance) bool {
+			return slices.Equal(addresses(in, "b.example.com"), []string{"10.1.0.1"})
+		}},
 		{"a workload in another file joins", func() {
 			writeFile(t, dir, "c.yml", `apiVersion: networking.istio.io/v1beta1
 kind: WorkloadEntry
@@ -199,7 +203,9 @@ spec: {address: 10.1.0.2, labels: {app: b}}
 			if err := os.Remove(filepath.Join(dir, "e.yaml")); err != nil {
 				t.Fatal(err)
 			}
-		}, func(in *sdktest.Instance) bool { return slices.Equal(addresses(in, "b.example.com"), []string{"10.1.0.1"}) }},
+		}, func(in *sdktest.Instance) bool {
+			return slices.Equal(addresses(in, "b.example.com"), []string{"10.1.0.1"})
+		}},
 	}
 	for _, s := range steps {
 		s.do()
