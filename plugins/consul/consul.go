@@ -254,18 +254,15 @@ func (r *run) queryOwnDatacenter() (string, error) {
 	return "", fmt.Errorf("agent's datacenter: %w", err)
 }
 
-// query returns the options of a request waiting on index. A first list
-// (index 0) is a consistent read: right after a restart a server may answer
-// from a state it has not finished restoring, and a relist must not take
-// that for the truth.
+// query returns the options of a request waiting on index (0: answer at
+// once).
 func (r *run) query(ctx context.Context, index uint64) *api.QueryOptions {
 	q := &api.QueryOptions{
-		Namespace:         r.s.api.Namespace,
-		Partition:         r.s.api.Partition,
-		WaitIndex:         index,
-		WaitTime:          r.s.waitTime,
-		RequireConsistent: index == 0,
-		Token:             *r.token.Load(),
+		Namespace: r.s.api.Namespace,
+		Partition: r.s.api.Partition,
+		WaitIndex: index,
+		WaitTime:  r.s.waitTime,
+		Token:     *r.token.Load(),
 	}
 	return q.WithContext(ctx)
 }

@@ -80,13 +80,17 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
 	var bo backoff
 	var index uint64
+	// relist makes the next list a consistent read. Right after a restart
+	// a server may answer from a state it has not finished restoring; a
+	// relist after an error or a reset must not take that for the truth.
+	relist := true
 	for {
 		if err := d.wait(ctx, loop); err != nil {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		q.Datacenter = d.name
+		q.Datacenter, q.RequireConsistent = d.name, relist && index == 0
 		services, meta, err := d.r.client.Catalog().Services(q)
 		cancel()
 		if ctx.Err() != nil {
@@ -100,16 +104,14 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 			}
 			// Retry with a list, not a blocking query: it answers at once,
 			// so the health recovers as soon as Consul does.
-			index = 0
+			index, relist = 0, true
 			continue
 		}
 		bo.reset()
 		next, reset := nextIndex(index, meta.LastIndex)
+		index, relist = next, reset
 		if reset {
-			d.log.Info("catalog index went backwards; listing afresh", "index", index, "got", meta.LastIndex)
-		}
-		index = next
-		if reset {
+			d.log.Info("catalog index went backwards; listing afresh", "got", meta.LastIndex)
 			continue
 		}
 		d.applyCatalog(ctx, services, meta.ResultsFilteredByACLs)
@@ -227,13 +229,14 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
 	var bo backoff
 	var index uint64
+	relist := false // as in watchCatalog; a new watch reads as its catalog list did
 	for {
 		if err := d.wait(ctx, loop); err != nil {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		q.Datacenter = d.name
+		q.Datacenter, q.RequireConsistent = d.name, relist && index == 0
 		entries, meta, err := d.r.client.Health().ServiceMultipleTags(w.name, d.r.s.tagFilter, false, q)
 		cancel()
 		if ctx.Err() != nil {
@@ -245,12 +248,12 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 			if !sleep(ctx, bo.next()) {
 				return
 			}
-			index = 0 // as in watchCatalog
+			index, relist = 0, true // as in watchCatalog
 			continue
 		}
 		bo.reset()
 		next, reset := nextIndex(index, meta.LastIndex)
-		index = next
+		index, relist = next, reset
 		if reset {
 			d.log.Info("service index went backwards; listing afresh", "service", w.name)
 			continue
