@@ -30,10 +30,6 @@ func (in *inst) id() *registryv1.InstanceID {
 	return &registryv1.InstanceID{Provider: in.provider, Cluster: in.cluster}
 }
 
-func (in *inst) key() registry.InstanceKey {
-	return registry.InstanceKey{Plugin: in.plugin, Provider: in.provider, Cluster: in.cluster}
-}
-
 func (in *inst) events() []*registryv1.Event {
 	ev := func(k any) *registryv1.Event {
 		e := &registryv1.Event{Instance: in.id()}
