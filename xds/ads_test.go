@@ -304,3 +304,45 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestWarmingOrder: when a service appears, a client on one ADS stream
+// receives its cluster before the listener and route that name it, and can
+// then get the cluster's endpoints.
+func TestWarmingOrder(t *testing.T) {
+	f := newFixture(t)
+	f.populate(1, 1)
+	_, _, addr := startServer(t, f)
+	node := nodeFor(View{Kind: KindProxyless, Network: "network1"}, "sidecar~10.2.2.2~warm.default~default.svc.cluster.local")
+	newHost := "late.default.svc.cluster.local"
+	listener := ListenerName(newHost, 8080)
+	cluster := ClusterName(8080, "", newHost)
+
+	st, err := adsClient(t, addr).StreamAggregatedResources(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := pump(t, st.Recv)
+	// Subscribe to what the service will need before it exists.
+	_ = st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResourceNames: []string{cluster}})
+	_ = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ListenerType, ResourceNames: []string{listener}})
+	_ = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.RouteType, ResourceNames: []string{listener}})
+
+	f.service(newHost, 8080)
+	f.endpoints(newHost, genEndpoints(2, 9))
+	var order []string
+	nonces := map[string]*discoveryv3.DiscoveryResponse{}
+	for len(order) < 3 {
+		resp := recv(t, ch, "push for the new service")
+		order = append(order, typeName(resp.GetTypeUrl()))
+		nonces[resp.GetTypeUrl()] = resp
+	}
+	if !slices.Equal(order, []string{"cds", "lds", "rds"}) {
+		t.Fatalf("responses arrived in order %v, want cds, lds, rds", order)
+	}
+	// The cluster's endpoints can follow.
+	_ = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}})
+	eds := recv(t, ch, "EDS for the new cluster")
+	if got := decodeCLAs(t, eds.GetResources()); len(claAddresses(got[cluster])) != 2 {
+		t.Errorf("EDS for %s = %v", cluster, got)
+	}
+}

@@ -91,6 +91,7 @@ func (c *Cache) viewLocked(v View) *viewState {
 	for _, svc := range c.gen.Agg.Services() {
 		c.buildHostLocked(vs, svc)
 	}
+	c.buildGatewayLocked(vs) // east-west gateway listener: gateway.go
 	c.views[v] = vs
 	return vs
 }
@@ -149,7 +150,7 @@ func (c *Cache) endpointLocked(vs *viewState, name string) *Resource {
 		return nil
 	}
 	vs.res[tEndpoint][name] = r
-	_, _, host, _ := ParseClusterName(name)
+	_, _, host, _ := parseAnyClusterName(name)
 	vs.hostNames[tEndpoint][host] = append(vs.hostNames[tEndpoint][host], name)
 	return r
 }
@@ -170,7 +171,7 @@ func (c *Cache) wildcardNames(vs *viewState, t typ) []string {
 	}
 	var names []string
 	for name, r := range vs.res[tCluster] {
-		if _, _, _, ok := ParseClusterName(name); ok && isEDS(r) {
+		if _, _, _, ok := parseAnyClusterName(name); ok && isEDS(r) {
 			names = append(names, name)
 		}
 	}
@@ -385,18 +386,24 @@ func (c *Cache) Push(change registry.Change) PushStats {
 	var st PushStats
 	for _, vs := range c.views {
 		var changed [numTypes][]string
+		rebuilt := change.Full // some host's clusters were rebuilt
 		if change.Full {
 			changed = c.rebuildAllLocked(vs)
 		} else {
 			for _, host := range slices.Sorted(maps.Keys(change.Services)) {
 				attrs := change.Services[host]
 				if attrs || c.subsetsChangedLocked(vs, host) {
+					rebuilt = true
 					for t, names := range c.buildHostLocked(vs, c.gen.Agg.GetService(host)) {
 						changed[t] = append(changed[t], names...)
 					}
 				}
 				changed[tEndpoint] = append(changed[tEndpoint], c.rebuildEndpointsLocked(vs, host)...)
 			}
+		}
+		if rebuilt {
+			// The east-west gateway's listener spans every host: gateway.go.
+			changed[tListener] = append(changed[tListener], c.buildGatewayLocked(vs)...)
 		}
 		for t := range numTypes {
 			if len(changed[t]) == 0 {
@@ -450,7 +457,7 @@ func (c *Cache) subsetsChangedLocked(vs *viewState, host string) bool {
 	want := c.gen.Subsets(host)
 	have := 0
 	for _, n := range vs.hostNames[tCluster][host] {
-		if _, subset, _, ok := ParseClusterName(n); ok && subset != "" {
+		if _, subset, _, ok := parseAnyClusterName(n); ok && subset != "" {
 			have++
 			if !slices.Contains(want, subset) {
 				return true

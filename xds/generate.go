@@ -94,6 +94,9 @@ func (g *Generator) Subsets(host string) []string {
 
 // Clusters builds the CDS resources of one service for a view.
 func (g *Generator) Clusters(v View, svc *aggregate.Service) []*Resource {
+	if v.Kind == KindRouter {
+		return g.gatewayClusters(svc) // east-west gateway: gateway.go
+	}
 	var out []*Resource
 	subsets := g.Subsets(svc.Hostname)
 	for _, p := range svc.Ports {
@@ -248,6 +251,9 @@ func (g *Generator) routable(svc *aggregate.Service) bool {
 // built from the same inputs, is returned as is. It returns nil when the
 // cluster does not exist.
 func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
+	if v.Kind == KindRouter {
+		return g.gatewayCLA(v, name, prev) // east-west gateway: gateway.go
+	}
 	port, subset, host, ok := ParseClusterName(name)
 	if !ok {
 		return nil

@@ -11,6 +11,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,7 +142,10 @@ func (s *Server) Start(ctx context.Context) (net.Addr, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
-	xs := serverv3.NewServer(ctx, s.cache, s.callbacks())
+	// Ordered ADS: responses leave in the order the cache issues them
+	// (clusters, endpoints, listeners, routes), so a client never gets a
+	// listener before the cluster it names.
+	xs := serverv3.NewServer(ctx, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, xs)
 	go s.debounce(ctx)
 	go func() {
