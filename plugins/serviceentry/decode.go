@@ -3,11 +3,15 @@ package serviceentry
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -20,6 +24,37 @@ import (
 const istioGroup = "networking.istio.io"
 
 var istioVersions = []string{"v1", "v1beta1", "v1alpha3"}
+
+// istioMessage is an istio.io/api type with its own JSON decoder.
+type istioMessage interface {
+	proto.Message
+	UnmarshalJSON([]byte) error
+}
+
+// decodeSpec decodes a spec into its istio.io/api type m. The types' own
+// UnmarshalJSON is golang/protobuf's deprecated jsonpb, unknown fields
+// allowed; it decides, but it is slow. Most specs take the fast path:
+// protojson (the decoder jsonpb is built on), strict, which only accepts
+// what jsonpb accepts too (TestSpecDecoderMatchesIstio checks both agree).
+// When it refuses, jsonpb decodes, and what protojson refused (an unknown
+// field, say) comes back as a warning.
+func decodeSpec(spec []byte, m istioMessage) (warning string, err error) {
+	strictErr := protojson.Unmarshal(spec, m)
+	if strictErr == nil {
+		return "", nil
+	}
+	proto.Reset(m)
+	if err := m.UnmarshalJSON(spec); err != nil {
+		return "", errors.New(protoError(strictErr))
+	}
+	return protoError(strictErr) + "; ignored", nil
+}
+
+// protoErrorPrefix matches protojson's "proto: (line 1:23): ", whose
+// position is in the JSON the YAML was turned into, not in the file.
+var protoErrorPrefix = regexp.MustCompile(`^proto:[\s\x{00a0}]*(\(line \d+:\d+\):[\s\x{00a0}]*)?`)
+
+func protoError(err error) string { return protoErrorPrefix.ReplaceAllString(err.Error(), "") }
 
 // Kinds this plugin reads.
 const (
@@ -232,13 +267,14 @@ func decodeJSON(js []byte, where, defaultNamespace string) []decoded {
 		return []decoded{d}
 	}
 	o := &object{key: d.key, created: env.Metadata.CreationTimestamp.Time, labels: env.Metadata.Labels, origin: where}
+	var warning string
 	switch env.Kind {
 	case kindServiceEntry:
 		o.se = new(networking.ServiceEntry)
-		err = o.se.UnmarshalJSON(env.Spec)
+		warning, err = decodeSpec(env.Spec, o.se)
 	case kindWorkloadEntry:
 		o.we = new(networking.WorkloadEntry)
-		err = o.we.UnmarshalJSON(env.Spec)
+		warning, err = decodeSpec(env.Spec, o.we)
 	}
 	if err != nil {
 		d.errs.add("spec", "%v", err)
@@ -248,6 +284,9 @@ func decodeJSON(js []byte, where, defaultNamespace string) []decoded {
 		d.errs, o.warnings = validateServiceEntry(o.se)
 	} else {
 		d.errs = validateWorkloadEntry(o.we)
+	}
+	if warning != "" {
+		o.warnings = append([]string{"spec: " + warning}, o.warnings...)
 	}
 	if len(d.errs) == 0 {
 		d.obj = o

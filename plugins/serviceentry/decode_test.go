@@ -1,10 +1,17 @@
 package serviceentry
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
+	"sigs.k8s.io/yaml"
 )
 
 const goodEntry = `apiVersion: networking.istio.io/v1
@@ -159,5 +166,82 @@ func TestSplitDocumentsPositions(t *testing.T) {
 	want := []pos{{1, 3}, {2, 8}}
 	if !slices.Equal(got, want) {
 		t.Errorf("documents at %v, want %v", got, want)
+	}
+}
+
+// TestSpecDecoderMatchesIstio checks that decodeSpec decodes every spec of
+// the test inputs exactly as the istio.io/api types' own UnmarshalJSON does,
+// fails where it fails, and warns where its fast path refused.
+func TestSpecDecoderMatchesIstio(t *testing.T) {
+	inputs, err := filepath.Glob("testdata/convert/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type doc struct {
+		data []byte
+		// warn, if set, is the warning decodeSpec must give; "-" for none.
+		warn string
+	}
+	var docs []doc
+	for _, in := range inputs {
+		src, err := os.ReadFile(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range splitDocuments(src) {
+			docs = append(docs, doc{data: d.data})
+		}
+	}
+	for _, e := range []struct{ spec, warn string }{
+		{"hosts: [a.b]\n  unknownField: 1\n  ports: [{number: '80', name: a, protocol: HTTP}]", `unknown field "unknownField"; ignored`},
+		{"hosts: [a.b]\n  ports: [{number: 80, name: a, extra: x}]", `unknown field "extra"; ignored`},
+		{"hosts: [a.b]\n  resolution: 2\n  location: 1", "-"},
+		{"hosts: [a.b]\n  workload_selector: {labels: {app: a}}\n  export_to: ['.']", "-"},
+		{"hosts: [a.b]\n  resolution: MAGIC", ""},
+		{"hosts: a.b", ""},
+		{"hosts: [a.b]\n  endpoints: [{address: 10.0.0.1, weight: -1}]", ""},
+		{"hosts: [a.b]\n  endpoints: [{address: 10.0.0.1, ports: {a: 99999999999}}]", ""},
+	} {
+		docs = append(docs, doc{data: []byte(entry(e.spec)), warn: e.warn})
+	}
+	compared := 0
+	for i, d := range docs {
+		js, err := yaml.YAMLToJSON(d.data)
+		if err != nil {
+			continue // not a document with a spec
+		}
+		var env envelope
+		if json.Unmarshal(js, &env) != nil || len(env.Spec) == 0 {
+			continue
+		}
+		var theirs, ours proto.Message
+		var theirErr, ourErr error
+		var warning string
+		switch env.Kind {
+		case kindServiceEntry:
+			a, b := new(networking.ServiceEntry), new(networking.ServiceEntry)
+			theirErr = a.UnmarshalJSON(env.Spec)
+			warning, ourErr = decodeSpec(env.Spec, b)
+			theirs, ours = a, b
+		case kindWorkloadEntry:
+			a, b := new(networking.WorkloadEntry), new(networking.WorkloadEntry)
+			theirErr = a.UnmarshalJSON(env.Spec)
+			warning, ourErr = decodeSpec(env.Spec, b)
+			theirs, ours = a, b
+		default:
+			continue
+		}
+		compared++
+		switch {
+		case (theirErr == nil) != (ourErr == nil):
+			t.Errorf("document %d: istio.io/api says %v, decodeSpec says %v\n%s", i, theirErr, ourErr, env.Spec)
+		case theirErr == nil && !proto.Equal(theirs, ours):
+			t.Errorf("document %d decodes differently:\nistio.io/api: %v\ndecodeSpec:   %v", i, theirs, ours)
+		case d.warn == "-" && warning != "", d.warn != "" && d.warn != "-" && warning != d.warn:
+			t.Errorf("document %d: warning %q, want %q\n%s", i, warning, strings.TrimPrefix(d.warn, "-"), env.Spec)
+		}
+	}
+	if compared < 30 {
+		t.Errorf("compared only %d specs", compared)
 	}
 }
