@@ -1,0 +1,519 @@
+package network
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/xds"
+)
+
+// Options tune the manager; the zero value is what production uses.
+type Options struct {
+	// MinTTL and MaxTTL clamp the TTL of gateway DNS answers (30s and 1h
+	// by default). Tests lower MinTTL to see re-resolution quickly.
+	MinTTL, MaxTTL time.Duration
+	// DNSTimeout bounds one DNS query (2s by default).
+	DNSTimeout time.Duration
+	// ResolvConf is read for DNS servers when the config names none
+	// (/etc/resolv.conf by default).
+	ResolvConf string
+}
+
+// Gateway is one east-west gateway with a resolved IP.
+type Gateway struct {
+	Network  string `json:"network"`
+	Cluster  string `json:"cluster,omitempty"`
+	Address  string `json:"address"`
+	Port     uint32 `json:"port"`
+	Locality string `json:"locality,omitempty"`
+	// Source says where the gateway comes from: the config (with its
+	// position), a registry_service_name, or a registry instance.
+	Source string `json:"source"`
+	// Hostname is the DNS name the address was resolved from, if any.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+func (g Gateway) String() string {
+	return net.JoinHostPort(g.Address, strconv.FormatUint(uint64(g.Port), 10))
+}
+
+// same reports whether two gateways are the same for EDS.
+func (g Gateway) same(o Gateway) bool {
+	return g.Network == o.Network && g.Cluster == o.Cluster && g.Address == o.Address && g.Port == o.Port
+}
+
+// Manager is the network manager: it decides which network every endpoint
+// is on, which gateways lead into each network, and rewrites what xDS
+// clients receive accordingly (it is the xDS server's NetworkFilter).
+//
+// Gateways are the union of the config's `address` gateways, its
+// `registry_service_name` gateways and the gateways the registries report;
+// gateways given by DNS name are resolved by the host. Whenever networks or
+// gateways change, Generation moves on and the functions given to OnChange
+// run, so the xDS server pushes everything.
+type Manager struct {
+	agg    *aggregate.Registry
+	logger hclog.Logger
+	res    *resolver
+	opts   Options
+
+	mu       sync.Mutex // serialises recomputation
+	cfg      *Config
+	svcNames map[string]bool // registry_service_name hostnames
+	snap     atomic.Pointer[snapshot]
+	gen      atomic.Uint64
+
+	subsMu sync.Mutex
+	subs   []func()
+
+	// NodeView finds the view of a connected node, for explain; the host
+	// sets it to the xDS server's.
+	NodeView func(node string) (xds.View, bool)
+	// Received decodes what a view receives for a cluster, for explain to
+	// show next to its own reasoning; optional.
+	Received func(v xds.View, cluster string) ([]xds.EndpointRow, error)
+}
+
+var _ xds.NetworkFilter = (*Manager)(nil)
+
+// New builds a manager over the aggregate registry and follows its
+// changes. Call Apply with the config and Run to resolve DNS names.
+func New(agg *aggregate.Registry, logger hclog.Logger, opts Options) *Manager {
+	if opts.MinTTL <= 0 {
+		opts.MinTTL = DefaultMinTTL
+	}
+	if opts.MaxTTL <= 0 {
+		opts.MaxTTL = DefaultMaxTTL
+	}
+	opts.MaxTTL = max(opts.MaxTTL, opts.MinTTL)
+	if opts.DNSTimeout <= 0 {
+		opts.DNSTimeout = DefaultDNSTimeout
+	}
+	if opts.ResolvConf == "" {
+		opts.ResolvConf = "/etc/resolv.conf"
+	}
+	m := &Manager{agg: agg, logger: logger.Named("network"), opts: opts, cfg: &Config{}}
+	m.res = newResolver(m.logger.Named("dns"), opts.MinTTL, opts.MaxTTL, opts.DNSTimeout, func() { m.recompute("dns answer changed") })
+	m.res.setServers(systemDNSServers(opts.ResolvConf))
+	agg.Subscribe(m.onRegistryChange)
+	m.recompute("start")
+	return m
+}
+
+// Run resolves gateway DNS names until ctx ends.
+func (m *Manager) Run(ctx context.Context) { m.res.run(ctx) }
+
+// OnChange registers fn to run after every change of networks or
+// gateways: the host requests a full xDS push with it.
+func (m *Manager) OnChange(fn func()) {
+	m.subsMu.Lock()
+	defer m.subsMu.Unlock()
+	m.subs = append(m.subs, fn)
+}
+
+// Apply replaces the networks config. The config must be valid (see
+// Decode); on a reload with errors the host keeps the running config by
+// not calling Apply.
+func (m *Manager) Apply(cfg *Config) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	servers := cfg.DNSServers
+	if len(servers) == 0 {
+		servers = systemDNSServers(m.opts.ResolvConf)
+	}
+	m.res.setServers(servers)
+	m.mu.Lock()
+	m.cfg = cfg
+	m.svcNames = map[string]bool{}
+	for _, n := range cfg.Networks {
+		for _, g := range n.Gateways {
+			if g.RegistryServiceName != "" {
+				m.svcNames[strings.TrimSuffix(g.RegistryServiceName, ".")] = true
+			}
+		}
+	}
+	m.mu.Unlock()
+	m.recompute("config applied")
+}
+
+// onRegistryChange recomputes gateways when registries may have changed
+// theirs: on a full change (instances or reported gateways changed) or a
+// change of a service that a registry_service_name names.
+func (m *Manager) onRegistryChange(c registry.Change) {
+	if !c.Full {
+		m.mu.Lock()
+		hit := false
+		for h, attrs := range c.Services {
+			if attrs && m.svcNames[h] {
+				hit = true
+				break
+			}
+		}
+		m.mu.Unlock()
+		if !hit {
+			return
+		}
+	}
+	m.recompute("registry changed")
+}
+
+// recompute rebuilds the snapshot and, when anything that affects what
+// clients receive changed, moves the generation on and notifies.
+func (m *Manager) recompute(reason string) {
+	m.mu.Lock()
+	s := m.build()
+	old := m.snap.Load()
+	changed := old == nil || !s.sameAs(old)
+	if changed {
+		s.gen = m.gen.Add(1)
+	} else {
+		s.gen = old.gen
+	}
+	m.snap.Store(s)
+	m.res.setNames(s.dnsNames)
+	m.mu.Unlock()
+	if !changed {
+		return
+	}
+	m.logger.Info("networks changed", "reason", reason, "generation", s.gen, "gateways", len(s.gateways), "multi_network", s.multi, "scale_factor", s.scale)
+	m.subsMu.Lock()
+	subs := slices.Clone(m.subs)
+	m.subsMu.Unlock()
+	for _, fn := range subs {
+		fn()
+	}
+}
+
+// snapshot is an immutable view of networks and gateways; the xDS path
+// reads it without locks.
+type snapshot struct {
+	gen        uint64
+	cfg        *Config
+	byRegistry map[string]string // registry cluster -> network
+	cidrs      []cidrRule
+	// gateways are sorted by address, then port (then network, cluster),
+	// so emitting them in index order emits them sorted.
+	gateways     []Gateway
+	byNetwork    map[string][]int32
+	byNetCluster map[netCluster][]int32
+	// pending are networks with configured gateways none of which has an
+	// address yet (DNS not answered, LoadBalancer not provisioned): their
+	// endpoints are dropped for other networks rather than sent as is.
+	pending  map[string]string
+	scale    uint32
+	multi    bool
+	dnsNames []string
+	// notes are problems operators should see in /debug/networkz.
+	notes []string
+}
+
+type cidrRule struct {
+	prefix  netip.Prefix
+	network string
+}
+
+type netCluster struct{ network, cluster string }
+
+// sameAs reports whether two snapshots give every client the same result.
+func (s *snapshot) sameAs(o *snapshot) bool {
+	return s.cfg.Equal(o.cfg) && slices.EqualFunc(s.gateways, o.gateways, Gateway.same) &&
+		len(s.pending) == len(o.pending) && samePending(s.pending, o.pending)
+}
+
+func samePending(a, b map[string]string) bool {
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *Manager) build() *snapshot {
+	cfg := m.cfg
+	s := &snapshot{
+		cfg: cfg, byRegistry: map[string]string{}, byNetwork: map[string][]int32{},
+		byNetCluster: map[netCluster][]int32{}, pending: map[string]string{}, scale: 1,
+	}
+	for _, n := range cfg.Networks {
+		for _, r := range n.Endpoints {
+			if r.FromRegistry != "" {
+				s.byRegistry[r.FromRegistry] = n.Name
+			} else {
+				s.cidrs = append(s.cidrs, cidrRule{r.FromCIDR, n.Name})
+			}
+		}
+	}
+	// Longest prefix first; overlaps across networks are refused by
+	// validation, so the order only matters for speed and determinism.
+	slices.SortStableFunc(s.cidrs, func(a, b cidrRule) int { return cmp.Compare(b.prefix.Bits(), a.prefix.Bits()) })
+
+	var cands []Gateway
+	wanted := map[string]string{} // network -> why it has no gateway address yet
+	instances := m.agg.Store().Instances()
+	for _, n := range cfg.Networks {
+		for _, g := range n.Gateways {
+			src := "config " + position(g.Range)
+			if g.Address != "" {
+				cands = append(cands, Gateway{Network: n.Name, Address: g.Address, Port: g.Port, Locality: g.Locality, Source: src})
+				continue
+			}
+			found := false
+			for _, r := range n.Endpoints {
+				if r.FromRegistry == "" {
+					continue
+				}
+				for _, addr := range serviceGatewayAddresses(instances, r.FromRegistry, g.RegistryServiceName) {
+					found = true
+					cands = append(cands, Gateway{Network: n.Name, Cluster: r.FromRegistry, Address: addr.address, Port: g.Port,
+						Locality: g.Locality, Source: fmt.Sprintf("%s registry_service_name %s (%s in cluster %s)", src, g.RegistryServiceName, addr.kind, r.FromRegistry)})
+				}
+			}
+			if !found {
+				why := fmt.Sprintf("registry_service_name %s (%s) has no external address or VIP in the registries of network %s yet", g.RegistryServiceName, position(g.Range), n.Name)
+				s.notes = append(s.notes, why)
+				wanted[n.Name] = why
+			}
+		}
+	}
+	for _, in := range instances {
+		for _, g := range in.Gateways() {
+			if g.Network == "" {
+				s.notes = append(s.notes, fmt.Sprintf("instance %s reports gateway %s:%d without a network; ignored", in.Key, g.Address, g.Port))
+				continue
+			}
+			cands = append(cands, Gateway{Network: g.Network, Cluster: g.Cluster, Address: g.Address, Port: g.Port,
+				Locality: g.Locality.String(), Source: "registry " + in.Key.String()})
+		}
+	}
+	for _, c := range cands {
+		if ip, err := netip.ParseAddr(c.Address); err == nil {
+			c.Address = ip.Unmap().String()
+			s.gateways = append(s.gateways, c)
+			continue
+		}
+		name := strings.TrimSuffix(strings.ToLower(c.Address), ".")
+		if !slices.Contains(s.dnsNames, name) {
+			s.dnsNames = append(s.dnsNames, name)
+		}
+		addrs, ok := m.res.lookup(name)
+		if !ok {
+			if _, seen := wanted[c.Network]; !seen {
+				wanted[c.Network] = fmt.Sprintf("gateway %s (%s) is not resolved yet", c.Address, c.Source)
+			}
+			continue
+		}
+		for _, a := range addrs {
+			g := c
+			g.Hostname, g.Address = c.Address, a.String()
+			s.gateways = append(s.gateways, g)
+		}
+	}
+	slices.Sort(s.dnsNames)
+	slices.SortStableFunc(s.gateways, func(a, b Gateway) int {
+		return cmp.Or(cmp.Compare(a.Address, b.Address), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Network, b.Network), cmp.Compare(a.Cluster, b.Cluster))
+	})
+	s.gateways = slices.CompactFunc(s.gateways, Gateway.same)
+	for i, g := range s.gateways {
+		s.byNetwork[g.Network] = append(s.byNetwork[g.Network], int32(i))
+		k := netCluster{g.Network, g.Cluster}
+		s.byNetCluster[k] = append(s.byNetCluster[k], int32(i))
+	}
+	for n, why := range wanted {
+		if len(s.byNetwork[n]) == 0 {
+			s.pending[n] = why
+		}
+	}
+	lcm := uint64(1)
+	for _, idx := range s.byNetwork {
+		lcm = lcmOf(lcm, uint64(len(idx)))
+	}
+	for _, idx := range s.byNetCluster {
+		lcm = lcmOf(lcm, uint64(len(idx)))
+	}
+	s.scale = uint32(min(lcm, math.MaxUint32))
+	s.multi = len(s.gateways) > 0 || len(s.pending) > 0
+	return s
+}
+
+type gatewayAddress struct{ address, kind string }
+
+// serviceGatewayAddresses finds the addresses of a registry_service_name
+// gateway in the instances of one registry cluster: the service's external
+// addresses there (LoadBalancer ingress, externalIPs), which are what other
+// networks can reach; only when it has none, its VIPs there, which is how
+// registries without load balancers (static, Consul) publish a gateway.
+func serviceGatewayAddresses(instances []*registry.Instance, cluster, hostname string) []gatewayAddress {
+	hostname = strings.TrimSuffix(hostname, ".")
+	var out []gatewayAddress
+	for _, in := range instances {
+		if in.Key.Cluster != cluster {
+			continue
+		}
+		svc := in.Service(hostname)
+		if svc == nil {
+			continue
+		}
+		if ext := svc.ExternalAddresses[cluster]; len(ext) > 0 {
+			for _, a := range ext {
+				out = append(out, gatewayAddress{a, "external address"})
+			}
+			continue
+		}
+		for _, a := range svc.VIPs[cluster] {
+			if p, err := netip.ParsePrefix(a); err == nil && p.Bits() != p.Addr().BitLen() {
+				continue // a VIP range is not an address
+			}
+			out = append(out, gatewayAddress{strings.TrimSuffix(a, "/32"), "VIP"})
+		}
+	}
+	return out
+}
+
+func lcmOf(a, b uint64) uint64 {
+	if b == 0 {
+		return a
+	}
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return min(a/x*b, math.MaxUint32)
+}
+
+// Generation changes whenever networks or gateways change.
+func (m *Manager) Generation() uint64 { return m.snap.Load().gen }
+
+// MultiNetwork reports whether multi-network is on: there is at least one
+// gateway (counting configured gateways whose address is not known yet).
+func (m *Manager) MultiNetwork() bool { return m.snap.Load().multi }
+
+// ScaleFactor is the least common multiple of the sizes of every gateway
+// group, by network and by network and cluster: endpoint weights are
+// multiplied by it so that they split evenly among any group's gateways.
+func (m *Manager) ScaleFactor() uint32 { return m.snap.Load().scale }
+
+// Gateways returns the gateways for an endpoint of network in cluster: those
+// of the network and cluster, or, when none match both, those of the
+// network. They are sorted by address, then port.
+func (m *Manager) Gateways(network, cluster string) []Gateway {
+	s := m.snap.Load()
+	idx := s.selectGateways(network, cluster)
+	out := make([]Gateway, len(idx))
+	for i, j := range idx {
+		out[i] = s.gateways[j]
+	}
+	return out
+}
+
+// AllGateways returns every gateway, sorted by address, then port.
+func (m *Manager) AllGateways() []Gateway { return slices.Clone(m.snap.Load().gateways) }
+
+// Config returns the config in effect.
+func (m *Manager) Config() *Config { return m.snap.Load().cfg }
+
+func (s *snapshot) selectGateways(network, cluster string) []int32 {
+	if g := s.byNetCluster[netCluster{network, cluster}]; len(g) > 0 {
+		return g
+	}
+	return s.byNetwork[network]
+}
+
+// Rule is what decided an endpoint's network. Rules apply in this order,
+// the first that gives a network wins (this is the order Istio's code
+// applies; its API comment claims the opposite):
+//
+//  1. RuleEndpoint: the endpoint's own network (the topology.istio.io/network
+//     label of its pod or WorkloadEntry, or the endpoint's network field);
+//  2. RuleRegistryDefault: the registry's default for its cluster (the label
+//     on the system namespace, or the plugin's network setting);
+//  3. RuleFromRegistry: the network whose from_registry names the
+//     endpoint's cluster;
+//  4. RuleFromCIDR: the network whose from_cidr contains the endpoint's IP.
+//
+// Validation refuses a registry in two networks and overlapping ranges
+// across networks, so each rule has at most one answer and the result is
+// deterministic.
+type Rule uint8
+
+// The rules, in precedence order.
+const (
+	RuleNone Rule = iota
+	RuleEndpoint
+	RuleRegistryDefault
+	RuleFromRegistry
+	RuleFromCIDR
+)
+
+func (r Rule) String() string {
+	switch r {
+	case RuleEndpoint:
+		return "1: the endpoint's own network"
+	case RuleRegistryDefault:
+		return "2: the registry's default network"
+	case RuleFromRegistry:
+		return "3: from_registry"
+	case RuleFromCIDR:
+		return "4: from_cidr"
+	}
+	return "none: no rule matched, the network is unknown"
+}
+
+// MarshalText makes rules readable in JSON.
+func (r Rule) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// Resolve returns an endpoint's network and the rule that decided it. The
+// xDS generator applies rules 1 and 2 itself and asks EndpointNetwork for
+// the rest; Resolve is the same order in one place, for debug views.
+func (m *Manager) Resolve(instance registry.InstanceKey, props sdk.InstanceProperties, ownNetwork, address string) (string, Rule) {
+	if ownNetwork != "" {
+		return ownNetwork, RuleEndpoint
+	}
+	if props.DefaultNetwork != "" {
+		return props.DefaultNetwork, RuleRegistryDefault
+	}
+	return m.snap.Load().endpointNetwork(instance.Cluster, address)
+}
+
+// EndpointNetwork applies rules 3 and 4 to an endpoint that carries no
+// network of its own and whose registry has no default.
+func (m *Manager) EndpointNetwork(instance registry.InstanceKey, _ sdk.InstanceProperties, address string) string {
+	n, _ := m.snap.Load().endpointNetwork(instance.Cluster, address)
+	return n
+}
+
+func (s *snapshot) endpointNetwork(cluster, address string) (string, Rule) {
+	if n, ok := s.byRegistry[cluster]; ok {
+		return n, RuleFromRegistry
+	}
+	if len(s.cidrs) == 0 {
+		return "", RuleNone
+	}
+	ip, err := netip.ParseAddr(address)
+	if err != nil {
+		return "", RuleNone
+	}
+	ip = ip.Unmap()
+	for _, c := range s.cidrs {
+		if c.prefix.Contains(ip) {
+			return c.network, RuleFromCIDR
+		}
+	}
+	return "", RuleNone
+}
