@@ -16,6 +16,7 @@
 package consul
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -78,16 +79,21 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	if diags.HasErrors() {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
-	client, tr, err := newClient(s)
-	if err != nil {
-		diags.Errorf([]string{"address"}, "consul client: %v", err)
-		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
-	}
-
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.rt.Context.Err(); err != nil {
 		return nil, fmt.Errorf("consul: configure: %w", err)
+	}
+	// A host reload re-sends every plugin's block. The same block, with the
+	// same token and no TLS files to re-read, keeps the running watches
+	// instead of listing everything again.
+	if c := p.cur; c != nil && bytes.Equal(c.raw, req.ConfigJSON) && c.mesh == req.Mesh && c.s.token == s.token && s.tls == nil {
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
+	}
+	client, tr, err := newClient(s)
+	if err != nil {
+		diags.Errorf([]string{"address"}, "consul client: %v", err)
+		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
 	if p.cur != nil {
 		// The old watches stop before the new ones start; State keeps
@@ -95,6 +101,10 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 		p.cur.stop()
 	}
 	p.cur = p.start(s, client, tr)
+	p.cur.raw, p.cur.mesh = bytes.Clone(req.ConfigJSON), req.Mesh
+	p.log.Info("configured", "address", s.api.Address, "scheme", s.api.Scheme, "datacenters", s.datacenters,
+		"wait_time", s.waitTime, "health", map[bool]string{false: healthPassing, true: healthWarning}[s.warning],
+		"tag_filter", s.tagFilter, "max_watchers", s.maxWatchers, "rate_limit", s.rateLimit, "token_set", s.token != "")
 	return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 }
 
@@ -132,6 +142,8 @@ func newClient(s *settings) (*api.Client, *http.Transport, error) {
 type run struct {
 	p      *plugin
 	s      *settings
+	raw    []byte // the config block it runs, to spot an unchanged reload
+	mesh   sdk.MeshSettings
 	client *api.Client
 	tr     *http.Transport
 	// token is the ACL token sent with every request; a token file is

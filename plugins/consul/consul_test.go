@@ -574,3 +574,24 @@ func TestMaxWatchers(t *testing.T) {
 		}
 	})
 }
+
+// TestSameConfigKeepsWatches: a reload that re-sends the same block does
+// not restart the watches (a restart would list the catalog again).
+func TestSameConfigKeepsWatches(t *testing.T) {
+	c := startConsul(t)
+	px := startProxy(t, c.Addr)
+	p := startStrict(t)
+	cfg := agentConfig(px.addr())
+	p.configure(t, cfg)
+	p.watch(t)
+	p.waitFor(t, wait, "synced", func(r *sdktest.Replica) bool { return dc1(r) != nil && dc1(r).Synced })
+	mark := px.mark()
+	p.configure(t, cfg)
+	register(t, c.Client(), api.AgentServiceRegistration{ID: "web-1", Name: "web", Port: 8080, Address: "10.0.0.1"}, api.HealthPassing)
+	p.waitFor(t, wait, "a change after the reload", func(r *sdktest.Replica) bool { return hasService(r, "web.service.consul") })
+	for _, r := range px.requests("/v1/catalog/services") {
+		if r.Start > mark && r.Index == "" {
+			t.Errorf("the catalog was listed again after an unchanged reload: %+v", r)
+		}
+	}
+}
