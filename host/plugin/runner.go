@@ -53,6 +53,9 @@ type Status struct {
 	Backoffs        []string  `json:"recent_backoffs,omitempty"`
 	LastError       string    `json:"last_error,omitempty"`
 	StartedAt       time.Time `json:"started_at,omitzero"`
+	// SnapshotReceived is set once the plugin has streamed a complete
+	// snapshot; readiness waits for it.
+	SnapshotReceived bool `json:"snapshot_received"`
 }
 
 // runner keeps one plugin running.
@@ -290,6 +293,11 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 		}
 		if err := sess.Apply(resp); err != nil {
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: broke the protocol: %w", cfg.Label, err)
+		}
+		if resp.GetSnapshotDone() {
+			r.mu.Lock()
+			r.status.SnapshotReceived = true
+			r.mu.Unlock()
 		}
 	}
 }

@@ -197,7 +197,7 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	for _, label := range s.order {
 		r := s.runners[label]
 		st := r.snapshot()
-		if st.StartedAt.IsZero() && now.Sub(r.created) < r.cfg.SyncTimeout {
+		if !st.SnapshotReceived && now.Sub(r.created) < r.cfg.SyncTimeout {
 			waiting = append(waiting, label)
 		}
 	}

@@ -230,6 +230,9 @@ func (sess *Session) Apply(resp *registryv1.WatchResponse) error {
 	if !sess.done && !resp.GetSnapshot() {
 		return fmt.Errorf("response %d is a delta before the snapshot was done", sess.seq)
 	}
+	if sess.done && (resp.GetSnapshot() || resp.GetSnapshotDone()) {
+		return fmt.Errorf("response %d is marked snapshot after the snapshot was done", sess.seq)
+	}
 	var change Change
 	for i, ev := range resp.GetEvents() {
 		if err := sess.applyEvent(ev, &change); err != nil {

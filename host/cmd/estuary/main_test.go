@@ -15,12 +15,18 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // estuaryBin is the binary under test, built once by TestMain.
 var estuaryBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("ESTUARY_TEST_PLUGIN") == "bulk" {
+		sdk.Serve(bulkFactory)
+		return
+	}
 	dir, err := os.MkdirTemp("", "estuary-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -40,7 +46,7 @@ func TestMain(m *testing.M) {
 
 // host is a running estuary process.
 type host struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	config string // path of plugins.hcl
 	admin  string // http://ADDR
@@ -66,7 +72,7 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -83,7 +89,7 @@ func hostConfig(xds, admin, plugins string) string {
 
 // startHost writes plugins (plugin blocks) into a config file and runs
 // estuary on it until it is ready.
-func startHost(t *testing.T, plugins string) *host {
+func startHost(t testing.TB, plugins string) *host {
 	t.Helper()
 	dir := t.TempDir()
 	h := &host{t: t, config: filepath.Join(dir, "plugins.hcl"), xds: freeAddr(t), log: &syncBuffer{}, exited: make(chan struct{})}
@@ -161,7 +167,7 @@ func (h *host) eventually(what string, timeout time.Duration, ok func() bool) {
 		select {
 		case <-h.exited:
 			h.t.Fatalf("estuary exited while waiting for %s", what)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
