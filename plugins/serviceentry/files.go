@@ -135,13 +135,15 @@ func (s *fileSource) scan() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
-		// Keep serving the last objects read.
+		// Keep serving the last objects read. A directory never read does
+		// not count as synced: an empty read would replace what a previous
+		// configuration published.
 		problem := fmt.Sprintf("directory %s: %v", s.dir, err)
-		changed := problem != s.problem || !s.synced
-		if problem != s.problem {
+		changed := problem != s.problem
+		if changed {
 			s.logger.Error("cannot read the directory; keeping its last objects", "dir", s.dir, "error", err)
 		}
-		s.problem, s.synced = problem, true
+		s.problem = problem
 		return changed
 	}
 	changed := s.problem != "" || !s.synced

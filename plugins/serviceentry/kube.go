@@ -113,6 +113,7 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
 		for _, kind := range slices.Sorted(maps.Keys(gvrs)) {
 			inf := f.ForResource(gvrs[kind]).Informer()
+			_ = inf.SetTransform(stripManagedFields)
 			if _, err := inf.AddEventHandler(s.handler(kind, changed)); err != nil {
 				s.setProblem(fmt.Sprintf("kubernetes %s: informer: %v", cfg.Host, err), changed)
 			}
@@ -272,6 +273,15 @@ func (s *kubeSource) setProblem(p string, changed func()) {
 		}
 		changed()
 	}
+}
+
+// stripManagedFields drops managed fields, bulky and never read, before
+// objects enter the informer's cache.
+func stripManagedFields(obj any) (any, error) {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		u.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func (s *kubeSource) handler(kind string, changed func()) cache.ResourceEventHandler {

@@ -228,6 +228,9 @@ type contents struct {
 	problem string
 }
 
+// maxNotices bounds the notices reported in the instance's health.
+const maxNotices = 1000
+
 // Coalescing of changes: a build waits until sources have been quiet for
 // settle, but no longer than maxSettle after the first change.
 const (
@@ -339,6 +342,10 @@ func (r *runner) publish() error {
 		}
 	}
 	sortNotices(notices)
+	if len(notices) > maxNotices {
+		more := len(notices) - maxNotices
+		notices = append(notices[:maxNotices:maxNotices], sdk.Notice{Subject: "notices", Message: fmt.Sprintf("%d more not shown", more)})
+	}
 	health.Notices = notices
 	if err := r.state.SetHealth(r.id, health); err != nil {
 		return fmt.Errorf("serviceentry: health of %s: %w", r.id, err)
