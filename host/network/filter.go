@@ -1,6 +1,7 @@
 package network
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -78,6 +79,17 @@ func (d Decision) String() string {
 
 // MarshalText makes decisions readable in JSON.
 func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads what MarshalText wrote.
+func (d *Decision) UnmarshalText(b []byte) error {
+	for x := KeptLocal; x <= DroppedPending; x++ {
+		if x.String() == string(b) {
+			*d = x
+			return nil
+		}
+	}
+	return fmt.Errorf("network: unknown decision %q", b)
+}
 
 // step records one input endpoint's fate, for explain.
 type step struct {

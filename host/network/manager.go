@@ -478,6 +478,17 @@ func (r Rule) String() string {
 // MarshalText makes rules readable in JSON.
 func (r Rule) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
+// UnmarshalText reads what MarshalText wrote.
+func (r *Rule) UnmarshalText(b []byte) error {
+	for x := RuleNone; x <= RuleFromCIDR; x++ {
+		if x.String() == string(b) {
+			*r = x
+			return nil
+		}
+	}
+	return fmt.Errorf("network: unknown rule %q", b)
+}
+
 // Resolve returns an endpoint's network and the rule that decided it. The
 // xDS generator applies rules 1 and 2 itself and asks EndpointNetwork for
 // the rest; Resolve is the same order in one place, for debug views.

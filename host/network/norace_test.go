@@ -1,0 +1,5 @@
+//go:build !race
+
+package network_test
+
+const raceEnabled = false
