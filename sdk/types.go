@@ -12,9 +12,9 @@ import (
 // one Consul datacenter, one static registry.
 type InstanceID struct {
 	// Provider is the kind of registry: ProviderKubernetes, ProviderConsul, ...
-	Provider string
+	Provider string `json:"provider"`
 	// Cluster is the instance's cluster identity.
-	Cluster string
+	Cluster string `json:"cluster"`
 }
 
 // String renders the ID as "Provider/Cluster".
@@ -33,12 +33,12 @@ const (
 type InstanceProperties struct {
 	// ClusterScoped instances belong to one cluster: a proxy that declares
 	// CLUSTER_ID is matched only against instances of that cluster.
-	ClusterScoped bool
+	ClusterScoped bool `json:"cluster_scoped"`
 	// DefaultNetwork is the network of endpoints that carry none.
-	DefaultNetwork string
+	DefaultNetwork string `json:"default_network,omitempty"`
 	// SyncTimeout bounds how long readiness waits for the instance to sync;
 	// zero means the host's default.
-	SyncTimeout time.Duration
+	SyncTimeout time.Duration `json:"sync_timeout"`
 }
 
 // Resolution says how clients resolve a service's endpoints.
@@ -126,33 +126,33 @@ func (h Health) String() string {
 // Port is one port of a service.
 type Port struct {
 	// Name of the port, for example "http".
-	Name string
+	Name string `json:"name"`
 	// Number clients connect to.
-	Number uint32
+	Number uint32 `json:"number"`
 	// Protocol in Istio's spelling: HTTP, HTTP2, GRPC, TCP, TLS, HTTPS, ...
-	Protocol string
+	Protocol string `json:"protocol"`
 }
 
 // Service is a named set of ports reached at one hostname. Within an
 // instance, a service is keyed by its Hostname.
 type Service struct {
-	Hostname  string
-	Namespace string
-	Name      string
-	Ports     []Port
+	Hostname  string `json:"hostname"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Ports     []Port `json:"ports"`
 	// VIPs are the virtual IPs per cluster ID.
-	VIPs map[string][]string
+	VIPs map[string][]string `json:"vips,omitempty"`
 	// ExternalAddresses per cluster ID: LoadBalancer ingress IPs or hostnames,
 	// externalIPs.
-	ExternalAddresses map[string][]string
+	ExternalAddresses map[string][]string `json:"external_addresses,omitempty"`
 	// NodePorts per cluster ID: service port number to node port.
-	NodePorts    map[string]map[uint32]uint32
-	Labels       map[string]string
-	Resolution   Resolution
-	MeshExternal bool
+	NodePorts    map[string]map[uint32]uint32 `json:"node_ports,omitempty"`
+	Labels       map[string]string            `json:"labels,omitempty"`
+	Resolution   Resolution                   `json:"resolution"`
+	MeshExternal bool                         `json:"mesh_external"`
 	// ExportTo lists namespaces the service is visible in: empty or "*" for
 	// all, "." for its own.
-	ExportTo []string
+	ExportTo []string `json:"export_to,omitempty"`
 }
 
 // Equal reports whether two services carry the same data.
@@ -200,22 +200,22 @@ func (l Locality) String() string {
 // Endpoint is one address that serves a service.
 type Endpoint struct {
 	// Address is an IP, a DNS name (DNS resolution) or a "unix://" path.
-	Address string
+	Address string `json:"address"`
 	// TargetPorts maps a service port name to the port the endpoint listens
 	// on; a port absent here is served on the service port's number.
-	TargetPorts map[string]uint32
-	Labels      map[string]string
+	TargetPorts map[string]uint32 `json:"target_ports,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 	// Network is the endpoint's own network; empty defers to the instance
 	// default and then to the host's networks config.
-	Network  string
-	Locality Locality
+	Network  string   `json:"network,omitempty"`
+	Locality Locality `json:"locality"`
 	// Weight for load balancing; 0 means unset.
-	Weight         uint32
-	TLSMode        TLSMode
-	ServiceAccount string
-	Health         Health
+	Weight         uint32  `json:"weight"`
+	TLSMode        TLSMode `json:"tls_mode"`
+	ServiceAccount string  `json:"service_account,omitempty"`
+	Health         Health  `json:"health"`
 	// WorkloadName names the workload (pod, WorkloadEntry), for debugging.
-	WorkloadName string
+	WorkloadName string `json:"workload_name,omitempty"`
 }
 
 // Equal reports whether two endpoints carry the same data.
@@ -228,35 +228,53 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 
 // NetworkGateway is an east-west gateway into a network.
 type NetworkGateway struct {
-	Network string
-	Cluster string
+	Network string `json:"network"`
+	Cluster string `json:"cluster"`
 	// Address is an IP or a DNS name (resolved by the host).
-	Address  string
-	Port     uint32
-	Locality Locality
+	Address  string   `json:"address"`
+	Port     uint32   `json:"port"`
+	Locality Locality `json:"locality"`
 }
 
 // InstanceHealth is an instance's connection to its source.
 type InstanceHealth struct {
 	// Healthy is false while the source cannot be reached or refuses access.
 	// The host keeps the last-known state either way.
-	Healthy bool
+	Healthy bool `json:"healthy"`
 	// Message says why, for operators.
-	Message string
+	Message string `json:"message,omitempty"`
 	// Notices list problems with single objects that did not stop the
 	// instance (a rejected object, a dropped gateway node).
-	Notices []Notice
+	Notices []Notice `json:"notices,omitempty"`
 }
 
 // Notice is a problem with one object of an instance's source.
 type Notice struct {
 	// Subject names the object, e.g. "file se.yaml, document 2".
-	Subject string
+	Subject string `json:"subject"`
 	// Message says what is wrong, with the field path where there is one.
-	Message string
+	Message string `json:"message"`
 }
 
 // Equal reports whether two healths carry the same data.
 func (h *InstanceHealth) Equal(o *InstanceHealth) bool {
 	return h.Healthy == o.Healthy && h.Message == o.Message && slices.Equal(h.Notices, o.Notices)
 }
+
+// MarshalText renders the locality as "region/zone/subzone".
+func (l Locality) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// UnmarshalText parses "region/zone/subzone".
+func (l *Locality) UnmarshalText(b []byte) error {
+	*l = ParseLocality(string(b))
+	return nil
+}
+
+// MarshalText renders the resolution in Istio's spelling.
+func (r Resolution) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// MarshalText renders "istio" or "disabled".
+func (m TLSMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// MarshalText renders HEALTHY, UNHEALTHY or DRAINING.
+func (h Health) MarshalText() ([]byte, error) { return []byte(h.String()), nil }

@@ -98,16 +98,16 @@ type Status struct {
 	// serves its last-known state.
 	Stale bool `json:"stale"`
 	// Resyncing is true while a reconnected plugin's snapshot waits for sync.
-	Resyncing   bool                `json:"resyncing"`
-	Health      *sdk.InstanceHealth `json:"health,omitempty"`
-	FirstSeen   time.Time           `json:"first_seen"`
-	SyncedAt    time.Time           `json:"synced_at,omitzero"`
-	SyncTimeout time.Duration       `json:"sync_timeout"`
-	Events      uint64              `json:"events"`
-	Services    int                 `json:"services"`
-	Endpoints   int                 `json:"endpoints"`
-	Gateways    int                 `json:"gateways"`
-	Properties  sdk.InstanceProperties
+	Resyncing   bool                   `json:"resyncing"`
+	Health      *sdk.InstanceHealth    `json:"health,omitempty"`
+	FirstSeen   time.Time              `json:"first_seen"`
+	SyncedAt    time.Time              `json:"synced_at,omitzero"`
+	SyncTimeout time.Duration          `json:"sync_timeout"`
+	Events      uint64                 `json:"events"`
+	Services    int                    `json:"services"`
+	Endpoints   int                    `json:"endpoints"`
+	Gateways    int                    `json:"gateways"`
+	Properties  sdk.InstanceProperties `json:"properties"`
 }
 
 // Status reports the instance's sync state and size.

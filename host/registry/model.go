@@ -35,20 +35,20 @@ type Service = sdk.Service
 
 // Endpoint is one address serving a service, in the replica's compact form.
 type Endpoint struct {
-	Address string
+	Address string `json:"address"`
 	// Labels is shared between endpoints with equal labels: never modify it.
-	Labels map[string]string
+	Labels map[string]string `json:"labels,omitempty"`
 	// TargetPorts is shared like Labels: never modify it.
-	TargetPorts map[string]uint32
+	TargetPorts map[string]uint32 `json:"target_ports,omitempty"`
 	// Network is the endpoint's own network ("" if it has none).
-	Network string
+	Network string `json:"network,omitempty"`
 	// Locality is "region/zone/subzone".
-	Locality       string
-	ServiceAccount string
-	WorkloadName   string
-	Weight         uint32
-	TLSMode        sdk.TLSMode
-	Health         sdk.Health
+	Locality       string      `json:"locality,omitempty"`
+	ServiceAccount string      `json:"service_account,omitempty"`
+	WorkloadName   string      `json:"workload_name,omitempty"`
+	Weight         uint32      `json:"weight"`
+	TLSMode        sdk.TLSMode `json:"tls_mode"`
+	Health         sdk.Health  `json:"health"`
 }
 
 // TargetPort returns the port the endpoint serves service port p on.
