@@ -139,6 +139,9 @@ func (b *builder) addEntry(o *object) {
 			}
 		}
 		h.entries++
+		if len(accepted) == 0 {
+			continue // endpoints serve an entry's ports; it has none here
+		}
 		for _, ep := range b.endpoints(o, host, accepted) {
 			h.addEndpoint(o, ep)
 		}

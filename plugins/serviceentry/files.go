@@ -20,12 +20,14 @@ import (
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
-// Timing of the directory watch: events are coalesced for fileSettle; the
+// Timing of the directory watch: events are coalesced until the directory
+// has been quiet for fileSettle, but for no longer than fileMaxSettle; the
 // whole directory is also rescanned every fileResync, to recover from lost
 // events and from the directory itself being replaced.
 var (
-	fileSettle = 50 * time.Millisecond
-	fileResync = 30 * time.Second
+	fileSettle    = 50 * time.Millisecond
+	fileMaxSettle = time.Second
+	fileResync    = 30 * time.Second
 )
 
 // fileSource reads the YAML files of one directory and watches it.
@@ -92,6 +94,18 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 	}
 	settle := time.NewTimer(fileSettle)
 	settle.Stop()
+	var pendingSince time.Time // zero: no scan pending
+	// later schedules a scan once events stop, or fileMaxSettle after the
+	// first of them if they do not.
+	later := func() {
+		now := time.Now()
+		if pendingSince.IsZero() {
+			pendingSince = now
+		}
+		if now.Sub(pendingSince) < fileMaxSettle {
+			settle.Reset(min(fileSettle, fileMaxSettle-now.Sub(pendingSince)))
+		}
+	}
 	resync := time.NewTicker(fileResync)
 	defer resync.Stop()
 	for {
@@ -105,7 +119,7 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 				continue
 			}
 			s.logger.Trace("directory event", "event", ev.String())
-			settle.Reset(fileSettle)
+			later()
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
@@ -113,8 +127,9 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 			}
 			// An overflow loses events: rescan.
 			s.logger.Warn("directory watch", "dir", s.dir, "error", err)
-			settle.Reset(fileSettle)
+			later()
 		case <-settle.C:
+			pendingSince = time.Time{}
 			watch()
 			if s.scan() {
 				changed()

@@ -37,6 +37,9 @@ var (
 	kubeProbe      = 5 * time.Second
 )
 
+// kubeRequestTimeout bounds discovery and health requests (not watches).
+const kubeRequestTimeout = 10 * time.Second
+
 // kubeOrigin is the origin of objects read from the cluster.
 const kubeOrigin = "kubernetes"
 
@@ -104,11 +107,15 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 	if !ok {
 		return
 	}
-	var factories []dynamicinformer.DynamicSharedInformerFactory
 	namespaces := s.settings.namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.watchHealth(ctx, disc, dyn, gvrs, namespaces, cfg.Host, changed) })
+
+	var factories []dynamicinformer.DynamicSharedInformerFactory
 	for _, ns := range namespaces {
 		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
 		for _, kind := range slices.Sorted(maps.Keys(gvrs)) {
@@ -147,7 +154,7 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 	s.mu.Unlock()
 	s.logger.Info("synced", "server", cfg.Host, "namespaces", s.settings.namespaces)
 	changed()
-	s.watchHealth(ctx, disc, dyn, gvrs, namespaces, cfg.Host, changed)
+	<-ctx.Done()
 }
 
 // discover finds the API version to watch for each kind, retrying while the
@@ -157,7 +164,7 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 func (s *kubeSource) discover(ctx context.Context, disc discovery.DiscoveryInterface, changed func()) (map[string]schema.GroupVersionResource, bool) {
 	backoff := kubeRetryFirst
 	for {
-		gvrs, missing, err := servedResources(disc)
+		gvrs, missing, err := servedResources(ctx, disc)
 		wait := crdPoll
 		switch {
 		case err != nil:
@@ -188,10 +195,13 @@ func (s *kubeSource) discover(ctx context.Context, disc discovery.DiscoveryInter
 
 // servedResources looks up, for each kind, the first of istioVersions the
 // server serves it in.
-func servedResources(disc discovery.DiscoveryInterface) (gvrs map[string]schema.GroupVersionResource, missing []string, err error) {
+func servedResources(ctx context.Context, disc discovery.DiscoveryInterface) (gvrs map[string]schema.GroupVersionResource, missing []string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, kubeRequestTimeout)
+	defer cancel()
 	gvrs = map[string]schema.GroupVersionResource{}
 	for _, v := range istioVersions {
-		list, err := disc.ServerResourcesForGroupVersion(istioGroup + "/" + v)
+		var list metav1.APIResourceList
+		err := disc.RESTClient().Get().AbsPath("/apis", istioGroup, v).Do(ctx).Into(&list)
 		if apierrors.IsNotFound(err) {
 			continue
 		}
@@ -244,7 +254,7 @@ func (s *kubeSource) watchHealth(ctx context.Context, disc discovery.DiscoveryIn
 
 func probe(ctx context.Context, disc discovery.DiscoveryInterface, dyn dynamic.Interface,
 	gvrs map[string]schema.GroupVersionResource, namespaces []string, deep bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, kubeRequestTimeout)
 	defer cancel()
 	if err := disc.RESTClient().Get().AbsPath("/version").Do(ctx).Error(); err != nil {
 		return err
