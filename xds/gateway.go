@@ -43,15 +43,13 @@ const GatewayPort = 15443
 const GatewayListenerName = "0.0.0.0_15443"
 
 // SNIClusterName is the name of an east-west gateway cluster, which is
-// also the SNI it matches: outbound_.PORT_.SUBSET_.HOST, "_" for no subset.
+// also the SNI it matches: outbound_.PORT_.SUBSET_.HOST, which is
+// outbound_.PORT_._.HOST without a subset (Istio's form).
 func SNIClusterName(port uint32, subset, host string) string {
-	if subset == "" {
-		subset = "_"
-	}
 	return "outbound_." + strconv.FormatUint(uint64(port), 10) + "_." + subset + "_." + host
 }
 
-// ParseSNIClusterName splits an SNI cluster name; subset "_" is none.
+// ParseSNIClusterName splits an SNI cluster name.
 func ParseSNIClusterName(name string) (port uint32, subset, host string, ok bool) {
 	rest, found := strings.CutPrefix(name, "outbound_.")
 	if !found {
@@ -65,9 +63,6 @@ func ParseSNIClusterName(name string) (port uint32, subset, host string, ok bool
 	p, err := strconv.ParseUint(ps, 10, 32)
 	if err != nil {
 		return 0, "", "", false
-	}
-	if subset == "_" {
-		subset = ""
 	}
 	return uint32(p), subset, host, true
 }
