@@ -36,8 +36,10 @@ proto:
 	protoc -I proto \
 		--plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
+		--plugin=protoc-gen-go-vtproto="$$($(GO) tool -n protoc-gen-go-vtproto)" \
 		--go_out=proto --go_opt=paths=source_relative \
 		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		--go-vtproto_out=proto --go-vtproto_opt=paths=source_relative,features=marshal+unmarshal+size \
 		proto/registry/v1/registry.proto
 
 # plugins builds each bundled plugin as a standalone binary, with SHA256SUMS

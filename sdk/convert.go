@@ -42,17 +42,23 @@ func endpointsToProto(hostname string, eps []Endpoint) *registryv1.EndpointsRepl
 	backing := make([]registryv1.Endpoint, len(eps))
 	var labels sharedMaps[string]
 	var ports sharedMaps[uint32]
+	strs := stringTable{index: map[string]uint32{}}
+	var lastLoc Locality
+	var lastLocRef uint32
 	for i := range eps {
 		e := &eps[i]
 		p := &backing[i]
 		p.Address = e.Address
 		p.LabelSet = labels.index(e.Labels)
 		p.PortSet = ports.index(e.TargetPorts)
-		p.Network = e.Network
-		p.Locality = e.Locality.String()
+		p.NetworkRef = strs.ref(e.Network)
+		if i == 0 || e.Locality != lastLoc {
+			lastLoc, lastLocRef = e.Locality, strs.ref(e.Locality.String())
+		}
+		p.LocalityRef = lastLocRef
+		p.ServiceAccountRef = strs.ref(e.ServiceAccount)
 		p.Weight = e.Weight
 		p.TlsMode = registryv1.TLSMode(e.TLSMode)
-		p.ServiceAccount = e.ServiceAccount
 		p.Health = registryv1.Health(e.Health)
 		p.WorkloadName = e.WorkloadName
 		out.Endpoints[i] = p
@@ -63,7 +69,34 @@ func endpointsToProto(hostname string, eps []Endpoint) *registryv1.EndpointsRepl
 	for _, m := range ports.sets {
 		out.PortSets = append(out.PortSets, &registryv1.PortMap{Entries: m})
 	}
+	out.Strings = strs.values
 	return out
+}
+
+// stringTable numbers the distinct strings of a set; "" is never stored
+// (reference 0).
+type stringTable struct {
+	index  map[string]uint32
+	values []string
+	last   string
+	ref0   uint32
+}
+
+func (t *stringTable) ref(s string) uint32 {
+	if s == "" {
+		return 0
+	}
+	if s == t.last && t.ref0 != 0 {
+		return t.ref0
+	}
+	r, ok := t.index[s]
+	if !ok {
+		t.values = append(t.values, s)
+		r = uint32(len(t.values))
+		t.index[s] = r
+	}
+	t.last, t.ref0 = s, r
+	return r
 }
 
 // sharedMaps numbers the distinct maps of a set. Endpoints of one workload

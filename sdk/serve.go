@@ -99,6 +99,7 @@ func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.Ser
 				grpc.ChainStreamInterceptor(recoverStream(logger)),
 				grpc.MaxRecvMsgSize(MaxMessageBytes),
 				grpc.MaxSendMsgSize(MaxMessageBytes),
+				grpc.ForceServerCodecV2(registryv1.Codec()),
 			)
 			return grpc.NewServer(opts...)
 		},
@@ -124,6 +125,16 @@ func exitWithParent(ctx context.Context, logger hclog.Logger) {
 			}
 		}
 	}
+}
+
+// ClientDialOptions are the gRPC options a host dials a plugin with: large
+// messages and the registry codec.
+func ClientDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithDefaultCallOptions(
+		grpc.MaxCallRecvMsgSize(MaxMessageBytes),
+		grpc.MaxCallSendMsgSize(MaxMessageBytes),
+		grpc.ForceCodecV2(registryv1.Codec()),
+	)}
 }
 
 // GRPCPlugin is the go-plugin glue for the registry service. The host uses

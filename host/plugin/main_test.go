@@ -106,9 +106,9 @@ func fileSHA256(t testing.TB, path string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// benchFactory streams endpoint sets as fast as it can: `batches` sets of
-// `size` endpoints spread round-robin over `services` services, then a
-// service named done.bench to mark the end.
+// benchFactory publishes `batches` sets of `size` endpoints spread
+// round-robin over `services` services, all before the host watches, so the
+// stream carries them as fast as the boundary allows.
 func benchFactory(rt sdk.Runtime) sdk.Plugin { return &benchPlugin{rt: rt} }
 
 type benchPlugin struct{ rt sdk.Runtime }
@@ -140,16 +140,12 @@ func (p *benchPlugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*
 	// every update is a real change; State keeps slices as immutable, so
 	// they can be shared.
 	variants := [2][]sdk.Endpoint{benchEndpoints(cfg.Size, 1), benchEndpoints(cfg.Size, 2)}
-	go func() {
-		for i := range cfg.Batches {
-			eps := variants[(i/len(hosts))%2]
-			if err := st.SetEndpoints(id, hosts[i%len(hosts)], eps); err != nil {
-				p.rt.Logger.Error("bench", "error", err)
-				return
-			}
+	for i := range cfg.Batches {
+		eps := variants[(i/len(hosts))%2]
+		if err := st.SetEndpoints(id, hosts[i%len(hosts)], eps); err != nil {
+			return nil, err
 		}
-		_ = st.UpsertService(id, &sdk.Service{Hostname: "done.bench", Namespace: "bench"})
-	}()
+	}
 	return &sdk.ConfigureResponse{}, nil
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/hcl/v2"
-	"google.golang.org/grpc"
 
 	"github.com/estuary-mesh/estuary/host/config"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -390,9 +389,7 @@ func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.Cl
 		StartTimeout:     r.sup.opts.StartTimeout,
 		Logger:           r.sup.logger.Named("plugin").With("plugin", cfg.Label),
 		Stderr:           stderr,
-		GRPCDialOptions: []grpc.DialOption{
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(sdk.MaxMessageBytes), grpc.MaxCallSendMsgSize(sdk.MaxMessageBytes)),
-		},
+		GRPCDialOptions:  sdk.ClientDialOptions(),
 	}
 }
 

@@ -411,6 +411,16 @@ func decodeEndpoints(m *registryv1.EndpointsReplaced) *EndpointSet {
 	var cache labelCache
 	var network, locality, account stringCache
 	labelSets, portSets := m.GetLabelSets(), m.GetPortSets()
+	strs := make([]string, len(m.GetStrings()))
+	for i, s := range m.GetStrings() {
+		strs[i] = intern(s)
+	}
+	ref := func(n uint32, direct string, c *stringCache) string {
+		if n > 0 && int(n) <= len(strs) {
+			return strs[n-1]
+		}
+		return c.intern(direct)
+	}
 	for i, p := range in {
 		e := &set.Endpoints[i]
 		e.Address = p.GetAddress()
@@ -424,9 +434,9 @@ func decodeEndpoints(m *registryv1.EndpointsReplaced) *EndpointSet {
 		} else {
 			e.TargetPorts = cache.portsFor(p.GetTargetPorts())
 		}
-		e.Network = network.intern(p.GetNetwork())
-		e.Locality = locality.intern(p.GetLocality())
-		e.ServiceAccount = account.intern(p.GetServiceAccount())
+		e.Network = ref(p.GetNetworkRef(), p.GetNetwork(), &network)
+		e.Locality = ref(p.GetLocalityRef(), p.GetLocality(), &locality)
+		e.ServiceAccount = ref(p.GetServiceAccountRef(), p.GetServiceAccount(), &account)
 		e.WorkloadName = p.GetWorkloadName()
 		e.Weight = p.GetWeight()
 		e.TLSMode = sdk.TLSMode(p.GetTlsMode())

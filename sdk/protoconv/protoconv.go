@@ -52,6 +52,16 @@ func Endpoints(m *registryv1.EndpointsReplaced) []sdk.Endpoint {
 		if n := p.GetPortSet(); n > 0 && int(n) <= len(m.GetPortSets()) {
 			out[i].TargetPorts = m.GetPortSets()[n-1].GetEntries()
 		}
+		strs := m.GetStrings()
+		if n := p.GetNetworkRef(); n > 0 && int(n) <= len(strs) {
+			out[i].Network = strs[n-1]
+		}
+		if n := p.GetLocalityRef(); n > 0 && int(n) <= len(strs) {
+			out[i].Locality = sdk.ParseLocality(strs[n-1])
+		}
+		if n := p.GetServiceAccountRef(); n > 0 && int(n) <= len(strs) {
+			out[i].ServiceAccount = strs[n-1]
+		}
 	}
 	return out
 }

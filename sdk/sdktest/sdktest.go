@@ -173,7 +173,7 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 		Reattach:         rc,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           hclog.NewNullLogger(),
-		GRPCDialOptions:  []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(sdk.MaxMessageBytes))},
+		GRPCDialOptions:  sdk.ClientDialOptions(),
 	})
 	cp, err := client.Client()
 	if err != nil {

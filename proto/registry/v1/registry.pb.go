@@ -1556,7 +1556,11 @@ type EndpointsReplaced struct {
 	LabelSets []*StringMap `protobuf:"bytes,3,rep,name=label_sets,json=labelSets,proto3" json:"label_sets,omitempty"`
 	// port_sets are target-port maps shared by several endpoints, referred to
 	// by Endpoint.port_set.
-	PortSets      []*PortMap `protobuf:"bytes,4,rep,name=port_sets,json=portSets,proto3" json:"port_sets,omitempty"`
+	PortSets []*PortMap `protobuf:"bytes,4,rep,name=port_sets,json=portSets,proto3" json:"port_sets,omitempty"`
+	// strings are values many endpoints share (networks, localities, service
+	// accounts), referred to by the Endpoint.*_ref fields, so each is sent
+	// and decoded once per message.
+	Strings       []string `protobuf:"bytes,5,rep,name=strings,proto3" json:"strings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1615,6 +1619,13 @@ func (x *EndpointsReplaced) GetLabelSets() []*StringMap {
 func (x *EndpointsReplaced) GetPortSets() []*PortMap {
 	if x != nil {
 		return x.PortSets
+	}
+	return nil
+}
+
+func (x *EndpointsReplaced) GetStrings() []string {
+	if x != nil {
+		return x.Strings
 	}
 	return nil
 }
@@ -2264,9 +2275,15 @@ type Endpoint struct {
 	LabelSet uint32 `protobuf:"varint,11,opt,name=label_set,json=labelSet,proto3" json:"label_set,omitempty"`
 	// port_set, when not 0, is the 1-based index of this endpoint's target
 	// ports in EndpointsReplaced.port_sets; target_ports is then empty.
-	PortSet       uint32 `protobuf:"varint,12,opt,name=port_set,json=portSet,proto3" json:"port_set,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PortSet uint32 `protobuf:"varint,12,opt,name=port_set,json=portSet,proto3" json:"port_set,omitempty"`
+	// network_ref, locality_ref and service_account_ref, when not 0, are
+	// 1-based indexes into EndpointsReplaced.strings that stand for network,
+	// locality and service_account.
+	NetworkRef        uint32 `protobuf:"varint,13,opt,name=network_ref,json=networkRef,proto3" json:"network_ref,omitempty"`
+	LocalityRef       uint32 `protobuf:"varint,14,opt,name=locality_ref,json=localityRef,proto3" json:"locality_ref,omitempty"`
+	ServiceAccountRef uint32 `protobuf:"varint,15,opt,name=service_account_ref,json=serviceAccountRef,proto3" json:"service_account_ref,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2379,6 +2396,27 @@ func (x *Endpoint) GetLabelSet() uint32 {
 func (x *Endpoint) GetPortSet() uint32 {
 	if x != nil {
 		return x.PortSet
+	}
+	return 0
+}
+
+func (x *Endpoint) GetNetworkRef() uint32 {
+	if x != nil {
+		return x.NetworkRef
+	}
+	return 0
+}
+
+func (x *Endpoint) GetLocalityRef() uint32 {
+	if x != nil {
+		return x.LocalityRef
+	}
+	return 0
+}
+
+func (x *Endpoint) GetServiceAccountRef() uint32 {
+	if x != nil {
+		return x.ServiceAccountRef
 	}
 	return 0
 }
@@ -2544,13 +2582,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x0fServiceUpserted\x126\n" +
 	"\aservice\x18\x01 \x01(\v2\x1c.estuary.registry.v1.ServiceR\aservice\",\n" +
 	"\x0eServiceDeleted\x12\x1a\n" +
-	"\bhostname\x18\x01 \x01(\tR\bhostname\"\xe6\x01\n" +
+	"\bhostname\x18\x01 \x01(\tR\bhostname\"\x80\x02\n" +
 	"\x11EndpointsReplaced\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12;\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x1d.estuary.registry.v1.EndpointR\tendpoints\x12=\n" +
 	"\n" +
 	"label_sets\x18\x03 \x03(\v2\x1e.estuary.registry.v1.StringMapR\tlabelSets\x129\n" +
-	"\tport_sets\x18\x04 \x03(\v2\x1c.estuary.registry.v1.PortMapR\bportSets\"\x8e\x01\n" +
+	"\tport_sets\x18\x04 \x03(\v2\x1c.estuary.registry.v1.PortMapR\bportSets\x12\x18\n" +
+	"\astrings\x18\x05 \x03(\tR\astrings\"\x8e\x01\n" +
 	"\tStringMap\x12E\n" +
 	"\aentries\x18\x01 \x03(\v2+.estuary.registry.v1.StringMap.EntriesEntryR\aentries\x1a:\n" +
 	"\fEntriesEntry\x12\x10\n" +
@@ -2603,7 +2642,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xf7\x04\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xeb\x05\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12Q\n" +
 	"\ftarget_ports\x18\x02 \x03(\v2..estuary.registry.v1.Endpoint.TargetPortsEntryR\vtargetPorts\x12A\n" +
@@ -2617,7 +2656,11 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\rworkload_name\x18\n" +
 	" \x01(\tR\fworkloadName\x12\x1b\n" +
 	"\tlabel_set\x18\v \x01(\rR\blabelSet\x12\x19\n" +
-	"\bport_set\x18\f \x01(\rR\aportSet\x1a>\n" +
+	"\bport_set\x18\f \x01(\rR\aportSet\x12\x1f\n" +
+	"\vnetwork_ref\x18\r \x01(\rR\n" +
+	"networkRef\x12!\n" +
+	"\flocality_ref\x18\x0e \x01(\rR\vlocalityRef\x12.\n" +
+	"\x13service_account_ref\x18\x0f \x01(\rR\x11serviceAccountRef\x1a>\n" +
 	"\x10TargetPortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a9\n" +
