@@ -4,6 +4,8 @@
 //	estuary run -config plugins.hcl        run the host
 //	estuary validate -config plugins.hcl   check a file without starting anything
 //	estuary plugins [-config plugins.hcl]  list bundled and configured plugins
+//	estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST'
+//	                                       why a node gets the endpoints it gets
 //	estuary plugin NAME                    (hidden) serve a bundled plugin
 package main
 
@@ -49,6 +51,8 @@ func run(args []string) int {
 		return 0
 	case "proxy-config":
 		return proxyConfig(rest)
+	case "explain":
+		return explain(rest)
 	case "version":
 		fmt.Println(Version)
 		return 0
@@ -70,6 +74,9 @@ commands:
   plugins [-config FILE]   list bundled and configured plugins
   proxy-config endpoints --node ID [--cluster NAME] [--admin ADDR]
                            show the endpoints a connected node receives
+  explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR]
+                           why a node gets those endpoints: network rules,
+                           gateways, weights
   version                  print the version
 `)
 }

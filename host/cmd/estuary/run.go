@@ -17,6 +17,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/admin"
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/network"
 	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
 	"github.com/estuary-mesh/estuary/host/registry"
 	"github.com/estuary-mesh/estuary/xds"
@@ -61,7 +62,16 @@ func runHost(args []string) int {
 		return effectiveConfig(current)
 	}
 
-	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nil, logger, reg)
+	// The network manager follows the aggregate before the xDS server does,
+	// so a registry change updates gateways before it is pushed.
+	nets := network.New(agg, logger, network.Options{})
+	netCfg, _ := loadNetworks(file) // load validated it
+	nets.Apply(netCfg)
+	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nets, logger, reg)
+	nets.OnChange(func() { xs.Notify(registry.Change{Full: true}) })
+	nets.NodeView, nets.Received = xs.NodeView, xs.EndpointRows
+	go nets.Run(ctx)
+	adm.Handle("/debug/networkz", nets.Handler())
 	for path, h := range xs.DebugHandlers() {
 		adm.Handle(path, h)
 	}
@@ -97,6 +107,11 @@ func runHost(args []string) int {
 			}
 			if d := sup.Apply(next); d.HasErrors() {
 				logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
+			}
+			if nc, d := loadNetworks(next); d.HasErrors() {
+				logger.Error("networks kept their previous config", "errors", "\n"+config.Format(d))
+			} else {
+				nets.Apply(nc)
 			}
 			mu.Lock()
 			current = next

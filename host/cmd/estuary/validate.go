@@ -13,11 +13,16 @@ import (
 )
 
 // load reads and fully validates a config file: HCL, host blocks, bundled
-// plugin config blocks against their schemas, external binaries' hashes.
+// plugin config blocks against their schemas, external binaries' hashes,
+// the networks block.
 func load(path string) (*config.File, hcl.Diagnostics) {
 	f, diags := config.Load(path, catalog.Names())
 	if f != nil && !diags.HasErrors() {
 		diags = append(diags, catalog.Validate(f)...)
+	}
+	if f != nil {
+		_, d := loadNetworks(f)
+		diags = append(diags, d...)
 	}
 	return f, diags
 }

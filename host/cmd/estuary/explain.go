@@ -1,0 +1,127 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/estuary-mesh/estuary/host/network"
+)
+
+// explain prints, for each endpoint of a cluster, why a connected node
+// gets what it gets: where the endpoint came from, which rule put it on
+// its network, whether it was kept or replaced by gateways, and the
+// weights. It reads /debug/networkz?explain= of the running host.
+func explain(args []string) int {
+	if len(args) == 0 || args[0] != "endpoint" {
+		fmt.Fprintln(os.Stderr, "usage: estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR] [--json]")
+		return 2
+	}
+	fs := flag.NewFlagSet("explain endpoint", flag.ContinueOnError)
+	node := fs.String("node", "", "node id of a connected client (see /debug/adsz)")
+	cluster := fs.String("cluster", "", "cluster, e.g. outbound|8080||echo.default.svc.cluster.local")
+	admin := fs.String("admin", "127.0.0.1:15014", "admin address of the running estuary")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if *node == "" || *cluster == "" {
+		fmt.Fprintln(os.Stderr, "--node and --cluster are required")
+		return 2
+	}
+	q := url.Values{"explain": {*cluster}, "node": {*node}}
+	resp, err := http.Get("http://" + *admin + "/debug/networkz?" + q.Encode())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "estuary at %s: %v\n", *admin, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(os.Stderr, "estuary at %s: %s", *admin, body)
+		return 1
+	}
+	if *asJSON {
+		os.Stdout.Write(body)
+		return 0
+	}
+	var ex network.Explanation
+	if err := json.Unmarshal(body, &ex); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	printExplanation(os.Stdout, &ex)
+	return 0
+}
+
+func printExplanation(w io.Writer, ex *network.Explanation) {
+	mode := "multi-network off"
+	if ex.MultiNetwork {
+		mode = fmt.Sprintf("multi-network on, weight scale factor %d", ex.ScaleFactor)
+	}
+	fmt.Fprintf(w, "node %s (%s)\ncluster %s: %s (network generation %d)\n", ex.Node, ex.View, ex.Cluster, mode, ex.Generation)
+	fmt.Fprintf(w, "\nENDPOINTS IN THE REGISTRIES (%d)\n", len(ex.Endpoints))
+	for _, e := range ex.Endpoints {
+		net := e.Network
+		if net == "" {
+			net = "(unknown)"
+		}
+		fmt.Fprintf(w, "%s  locality %s  tls %s\n", e.Endpoint, e.Locality, e.TLSMode)
+		fmt.Fprintf(w, "  origin:   instance %s, cluster %s, network %s by rule %s\n", e.Instance, e.Cluster, net, e.Rule)
+		fmt.Fprintf(w, "  decision: %s", e.Decision)
+		if len(e.Gateways) > 0 {
+			fmt.Fprintf(w, " %s", strings.Join(e.Gateways, ", "))
+		}
+		fmt.Fprintln(w)
+		if e.Arithmetic != "" {
+			fmt.Fprintf(w, "  weights:  %s\n", e.Arithmetic)
+		}
+	}
+	fmt.Fprintf(w, "\nWHAT THE NODE GETS (%d)\n", len(ex.Result))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENDPOINT\tWEIGHT\tLOCALITY\tNETWORK\tCLUSTER\tWEIGHT ARITHMETIC")
+	for _, r := range ex.Result {
+		arith := r.Arithmetic
+		if r.Gateway {
+			arith = "gateway: " + arith
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", r.Endpoint, r.Weight, r.Locality, r.Network, r.Cluster, arith)
+	}
+	tw.Flush()
+	if ex.Node != "" {
+		fmt.Fprintln(w)
+		if diff := compareReceived(ex); diff == "" {
+			fmt.Fprintln(w, "This matches what the xDS server holds for the node.")
+		} else {
+			fmt.Fprintf(w, "The xDS server holds something else for the node (a push may be pending):\n%s", diff)
+		}
+	}
+	for _, n := range ex.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+// compareReceived diffs the explanation's result with what the server
+// holds for the node, endpoint and weight.
+func compareReceived(ex *network.Explanation) string {
+	var want, got []string
+	for _, r := range ex.Result {
+		want = append(want, fmt.Sprintf("%s weight %d", r.Endpoint, r.Weight))
+	}
+	for _, r := range ex.Received {
+		got = append(got, fmt.Sprintf("%s weight %d", r.Endpoint, r.Weight))
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if slices.Equal(want, got) {
+		return ""
+	}
+	return fmt.Sprintf("  explained: %s\n  held:      %s\n", strings.Join(want, ", "), strings.Join(got, ", "))
+}

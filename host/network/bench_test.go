@@ -1,0 +1,173 @@
+package network_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/host/network"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/xds"
+)
+
+// benchShapes are the endpoints-per-service / services shapes of the xDS
+// EDS benchmark (Istio's BenchmarkEndpointGeneration).
+var benchShapes = []struct{ endpoints, services int }{
+	{1, 100}, {10, 10}, {100, 10}, {1000, 1}, {10000, 1}, {100, 100},
+}
+
+// benchWorld spreads each shape over four registry clusters on four
+// networks: every other endpoint (counted over the whole mesh) is on
+// network1, the client's; the rest rotate over network2..4, each placed by
+// a different rule (registry default, from_registry, from_cidr) so the
+// generator and the manager do the work real meshes cause. Every endpoint
+// has a locality (of three), a weight and TLS mode istio.
+func benchWorld(b *testing.B, endpoints, services int) *world {
+	w := newWorld(b)
+	defaults := []string{"", "network2", "", ""}
+	per := make([]map[string][]*registryv1.Endpoint, 4)
+	svcs := make([]*registryv1.Service, services)
+	for i := range 4 {
+		per[i] = map[string][]*registryv1.Endpoint{}
+	}
+	k := 0
+	for s := range services {
+		host := fmt.Sprintf("svc%d.default.svc.cluster.local", s)
+		svcs[s] = &registryv1.Service{Hostname: host, Namespace: "default", Ports: []*registryv1.Port{{Name: "grpc", Number: 8080, Protocol: "GRPC"}}}
+		for range endpoints {
+			inst := 0
+			if k%2 == 1 {
+				inst = 1 + (k/2)%3
+			}
+			per[inst][host] = append(per[inst][host], &registryv1.Endpoint{
+				Address:  fmt.Sprintf("10.%d.%d.%d", inst+1, (k/250)%250, k%250),
+				Locality: []string{"us-east1/us-east1-b", "us-east1/us-east1-c", "us-west1/us-west1-a"}[k%3],
+				Weight:   uint32(1 + k%3),
+				TlsMode:  registryv1.TLSMode_TLS_MODE_ISTIO,
+				Labels:   map[string]string{"app": "svc"},
+			})
+			k++
+		}
+	}
+	for i := range 4 {
+		w.add(instance{plugin: fmt.Sprintf("p%d", i+1), cluster: fmt.Sprintf("c%d", i+1), defaultNetwork: defaults[i],
+			services: svcs, endpoints: per[i]})
+	}
+	return w
+}
+
+// Networks: c1 and c3 by from_registry, c2 by its registry default, c4 by
+// from_cidr. Three gateways, one into each remote network.
+const benchMultiNetwork = `
+  network "network1" {
+    endpoints { from_registry = "c1" }
+  }
+  network "network2" {
+    gateway {
+      address = "192.168.2.1"
+      port    = 15443
+    }
+  }
+  network "network3" {
+    endpoints { from_registry = "c3" }
+    gateway {
+      address = "192.168.3.1"
+      port    = 15443
+    }
+  }
+  network "network4" {
+    endpoints { from_cidr = "10.4.0.0/16" }
+    gateway {
+      address = "192.168.4.1"
+      port    = 15443
+    }
+  }
+`
+
+var benchView = xds.View{Kind: xds.KindProxyless, Network: "network1", Cluster: "c1"}
+
+// BenchmarkEDSNetworks builds every CLA of a shape from scratch through
+// Generator.LocalityGroups and EncodeCLA, as the xDS server does:
+//
+//   - mode=single: no network filter (the single-network baseline);
+//   - mode=multi: the network manager as the filter, 4 networks, 3
+//     gateways, half the endpoints remote and replaced by gateways. It
+//     also reports single-ns/endpoint, the baseline measured in the same
+//     iterations, and x-single, the ratio of the two (target: at most 2).
+func BenchmarkEDSNetworks(b *testing.B) {
+	for _, sh := range benchShapes {
+		shape := fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services)
+		for _, mode := range []string{"single", "multi"} {
+			b.Run("mode="+mode+"/"+shape, func(b *testing.B) {
+				w := benchWorld(b, sh.endpoints, sh.services)
+				gen := &xds.Generator{Agg: w.agg}
+				if mode == "multi" {
+					m := network.New(w.agg, hclog.NewNullLogger(), network.Options{ResolvConf: "/nonexistent"})
+					m.Apply(decodeHCL(b, benchMultiNetwork))
+					gen.Networks = m
+				}
+				hosts := make([]string, sh.services)
+				names := make([]string, sh.services)
+				for i := range hosts {
+					hosts[i] = fmt.Sprintf("svc%d.default.svc.cluster.local", i)
+					names[i] = xds.ClusterName(8080, "", hosts[i])
+				}
+				// Check the shape once: in multi mode the remote half arrives
+				// as gateway endpoints.
+				total, viaGateway := 0, 0
+				for _, h := range hosts {
+					svc := w.agg.GetService(h)
+					for _, g := range gen.LocalityGroups(benchView, svc, svc.Ports[0], "", w.agg.EndpointSources(h)) {
+						for _, e := range g.Endpoints {
+							total++
+							if e.Port == 15443 {
+								viaGateway++
+							}
+						}
+					}
+				}
+				if mode == "single" && (total != sh.endpoints*sh.services || viaGateway != 0) {
+					b.Fatalf("%d endpoints (%d gateways), want %d", total, viaGateway, sh.endpoints*sh.services)
+				}
+				if mode == "multi" && (viaGateway == 0 || total-viaGateway != sh.endpoints*sh.services/2) {
+					b.Fatalf("%d endpoints, %d of them gateways; want %d local ones", total, viaGateway, sh.endpoints*sh.services/2)
+				}
+				build := func(gen *xds.Generator) {
+					for i, h := range hosts {
+						svc := w.agg.GetService(h)
+						groups := gen.LocalityGroups(benchView, svc, svc.Ports[0], "", w.agg.EndpointSources(h))
+						if len(xds.EncodeCLA(names[i], groups)) == 0 {
+							b.Fatal("empty CLA")
+						}
+					}
+				}
+				// In multi mode every iteration also builds the shape without
+				// the filter, untimed, and times it aside: x-single compares
+				// the two under the same machine load, which on a shared
+				// machine moves more than the difference measured.
+				single := &xds.Generator{Agg: w.agg}
+				var singleTime time.Duration
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if mode == "multi" {
+						b.StopTimer()
+						start := time.Now()
+						build(single)
+						singleTime += time.Since(start)
+						b.StartTimer()
+					}
+					build(gen)
+				}
+				endpoints := float64(b.N * sh.endpoints * sh.services)
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/endpoints, "ns/endpoint")
+				if mode == "multi" {
+					b.ReportMetric(float64(singleTime.Nanoseconds())/endpoints, "single-ns/endpoint")
+					b.ReportMetric(float64(b.Elapsed())/float64(singleTime), "x-single")
+				}
+			})
+		}
+	}
+}
