@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/estuary-mesh/estuary/testbed"
+)
+
+// TestKubernetesMulticlusterMergesInTheAggregate: two real API servers;
+// cluster2 joins through a remote secret in cluster1 written as
+// `istioctl x create-remote-secret` writes it. The same service in both
+// clusters becomes one merged service with a VIP per cluster and the
+// endpoints of both.
+func TestKubernetesMulticlusterMergesInTheAggregate(t *testing.T) {
+	kubes := testbed.StartKubes(t, 2)
+	k1, k2 := kubes[0], kubes[1]
+	ctx := context.Background()
+	ns := fmt.Sprintf("demo-%d", time.Now().UnixNano()%100000)
+	echo(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
+	echo(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
+
+	remote := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: cluster2
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+contexts:
+- name: cluster2
+  context: {cluster: cluster2, user: cluster2}
+current-context: cluster2
+users:
+- name: cluster2
+  user:
+    token: %s
+`, k2.Server, base64.StdEncoding.EncodeToString(k2.CAData), k2.Token)
+	if _, err := k1.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k1.Client().CoreV1().Secrets("istio-system").Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "istio-remote-secret-cluster2", Namespace: "istio-system",
+			Labels:      map[string]string{"istio/multiCluster": "true"},
+			Annotations: map[string]string{"networking.istio.io/cluster": "cluster2"}},
+		StringData: map[string]string{"cluster2": remote},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	h := startHost(t, fmt.Sprintf(`plugin "kubernetes" {
+  config {
+    kubeconfig = %q
+    cluster_id = "cluster1"
+  }
+}
+`, k1.Kubeconfig))
+	host := "echo." + ns + ".svc.cluster.local"
+	var got struct {
+		Service struct {
+			VIPs map[string][]string `json:"vips"`
+		} `json:"service"`
+		Merged []struct {
+			Address  string `json:"address"`
+			Instance struct{ Cluster string } `json:"instance"`
+		} `json:"merged"`
+	}
+	h.eventually("echo merged from both clusters", 60*time.Second, func() bool {
+		code, _ := h.get("/debug/endpointz?host=" + host)
+		if code != 200 {
+			return false
+		}
+		h.getJSON("/debug/endpointz?host="+host, &got)
+		return len(got.Service.VIPs) == 2 && len(got.Merged) == 2
+	})
+	if !slices.Equal(got.Service.VIPs["cluster1"], []string{"10.96.1.1"}) || !slices.Equal(got.Service.VIPs["cluster2"], []string{"10.96.2.2"}) {
+		t.Errorf("VIPs = %v, want cluster1: 10.96.1.1, cluster2: 10.96.2.2", got.Service.VIPs)
+	}
+	byCluster := map[string]string{}
+	for _, e := range got.Merged {
+		byCluster[e.Instance.Cluster] = e.Address
+	}
+	if byCluster["cluster1"] != "10.1.0.1" || byCluster["cluster2"] != "10.2.0.1" {
+		t.Errorf("merged endpoints by cluster = %v", byCluster)
+	}
+}
+
+// echo creates service echo with a fixed ClusterIP and one ready endpoint.
+func echo(t *testing.T, c kubernetes.Interface, ns, clusterIP, podIP string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
+		Spec: corev1.ServiceSpec{ClusterIP: clusterIP, Ports: []corev1.ServicePort{{Name: "grpc", Port: 8080}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ready := true
+	port, name := int32(8080), "grpc"
+	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "echo-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{podIP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
