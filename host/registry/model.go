@@ -5,8 +5,8 @@
 //
 // The replica is built for many endpoints: an Endpoint is a flat value of
 // about a hundred bytes, strings shared by many endpoints (network,
-// locality, service account) are interned, and endpoints of one service
-// that carry equal labels share one label map. An endpoint set is
+// locality, service account) are interned, and endpoints of one set that
+// carry equal labels share one label map. An endpoint set is
 // immutable once published, so readers take a pointer and read it without
 // locks.
 package registry
@@ -74,7 +74,10 @@ func (s *EndpointSet) Len() int {
 }
 
 // intern returns the canonical copy of s, so that the many endpoints that
-// name the same network, locality or service account share one string.
+// name the same network, locality or service account share one string. The
+// unique package forgets a value once no handle to it is left, so sets
+// decoded after a garbage collection may get a new copy: one per distinct
+// value per collection, never one per endpoint.
 func intern(s string) string {
 	if s == "" {
 		return ""
