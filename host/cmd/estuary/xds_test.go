@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -123,9 +124,22 @@ func waitServedBy(t *testing.T, c testgrpc.TestServiceClient, want ...string) {
 func TestProxylessGRPCClientFollowsTheRegistry(t *testing.T) {
 	b1, b2, b3 := startBackend(t, "b1"), startBackend(t, "b2"), startBackend(t, "b3")
 	h := startHost(t, echoBlock(b1, b2))
-	c := xdsClient(t, h.xds, "sidecar~127.0.0.1~client.default~default.svc.cluster.local", "echo.default.svc.cluster.local:8080")
+	node := "sidecar~127.0.0.1~client.default~default.svc.cluster.local"
+	c := xdsClient(t, h.xds, node, "echo.default.svc.cluster.local:8080")
 
 	waitServedBy(t, c, "b1", "b2")
+
+	// What the node receives, as an operator sees it.
+	out, err := exec.Command(estuaryBin, "proxy-config", "endpoints", "--node", node,
+		"--cluster", "outbound|8080||echo.default.svc.cluster.local", "--admin", strings.TrimPrefix(h.admin, "http://")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("proxy-config: %v\n%s", err, out)
+	}
+	for _, want := range []string{fmt.Sprintf("127.0.0.1:%d", b1.port), fmt.Sprintf("127.0.0.1:%d", b2.port), "HEALTHY", "us-east1/us-east1-b", "network1", "cluster1"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("proxy-config output lacks %q:\n%s", want, out)
+		}
+	}
 
 	// Add a backend: traffic reaches it.
 	h.rewrite(echoBlock(b1, b2, b3))
