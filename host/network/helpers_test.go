@@ -145,8 +145,3 @@ func parseNetworks(body string) (*network.Config, hcl.Diagnostics) {
 	}
 	return network.Decode(content.Blocks[0].Body, "plugins.hcl")
 }
-
-func tlsIstio(e *registryv1.Endpoint) *registryv1.Endpoint {
-	e.TlsMode = registryv1.TLSMode_TLS_MODE_ISTIO
-	return e
-}
