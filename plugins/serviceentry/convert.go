@@ -95,9 +95,9 @@ type hostState struct {
 	eps        []sdk.Endpoint
 	// from is the entry that listed each endpoint first.
 	from []*object
-	// index finds an endpoint by address and workload, to merge the ports of
-	// the same workload listed by two entries.
-	index map[endpointKey]int
+	// index finds the endpoints of an address and workload, to merge the
+	// ports of the same workload listed by two entries.
+	index map[endpointKey][]int
 	// entries counts the entries merged into the host.
 	entries int
 }
@@ -163,7 +163,7 @@ func (b *builder) newHost(o *object, host string, ports []entryPort) *hostState 
 		svc.VIPs = map[string][]string{b.cluster: addrs}
 	}
 	h := &hostState{svc: svc, owner: o, resolution: se.GetResolution(),
-		byName: map[string]sdk.Port{}, byNumber: map[uint32]sdk.Port{}, index: map[endpointKey]int{}}
+		byName: map[string]sdk.Port{}, byNumber: map[uint32]sdk.Port{}, index: map[endpointKey][]int{}}
 	for _, p := range ports {
 		svc.Ports = append(svc.Ports, p.Port)
 		h.byName[p.Name] = p.Port
@@ -326,28 +326,46 @@ func endpoint(we *networking.WorkloadEntry, name string, ports []entryPort, defa
 	return ep
 }
 
-// addEndpoint adds ep, folding it into an endpoint of the same address and
-// workload that differs only in ports (the same workload listed by two
-// entries of the host).
+// addEndpoint adds ep, folding it into an endpoint of another entry with
+// the same address and workload that differs only in ports it does not map
+// differently (the same workload listed by two entries of the host, for
+// different ports). Two processes on one address, listening on different
+// ports for the same service port, stay two endpoints; so do the endpoints
+// one entry lists twice.
 func (h *hostState) addEndpoint(from *object, ep sdk.Endpoint) {
 	k := endpointKey{ep.Address, ep.WorkloadName}
-	if i, ok := h.index[k]; ok {
+	for _, i := range h.index[k] {
 		old := &h.eps[i]
 		cp := *old
 		cp.TargetPorts = ep.TargetPorts
-		if cp.Equal(&ep) {
-			if ep.TargetPorts != nil {
-				// Both maps may be shared: merge into a new one.
-				ports := maps.Clone(ep.TargetPorts)
-				maps.Copy(ports, old.TargetPorts) // the older entry's mapping wins
-				old.TargetPorts = ports
-			}
-			return
+		if h.from[i] == from || !cp.Equal(&ep) || !compatiblePorts(old.TargetPorts, ep.TargetPorts) {
+			continue
 		}
+		if len(ep.TargetPorts) > len(old.TargetPorts) || !maps.Equal(old.TargetPorts, ep.TargetPorts) {
+			// Both maps may be shared: merge into a new one.
+			ports := maps.Clone(old.TargetPorts)
+			if ports == nil {
+				ports = map[string]uint32{}
+			}
+			maps.Copy(ports, ep.TargetPorts)
+			old.TargetPorts = ports
+		}
+		return
 	}
-	h.index[k] = len(h.eps)
+	h.index[k] = append(h.index[k], len(h.eps))
 	h.eps = append(h.eps, ep)
 	h.from = append(h.from, from)
+}
+
+// compatiblePorts reports whether two port mappings agree on every port
+// they both map.
+func compatiblePorts(a, b map[string]uint32) bool {
+	for name, n := range a {
+		if m, ok := b[name]; ok && m != n {
+			return false
+		}
+	}
+	return true
 }
 
 // checkPortCoverage reports endpoints that the merged service would send
