@@ -346,3 +346,37 @@ func TestWarmingOrder(t *testing.T) {
 		t.Errorf("EDS for %s = %v", cluster, got)
 	}
 }
+
+// TestDeletedServiceLeavesCDS: a client on a wildcard CDS watch loses the
+// cluster of a service that is deleted.
+func TestDeletedServiceLeavesCDS(t *testing.T) {
+	f := newFixture(t)
+	f.populate(3, 1)
+	_, _, addr := startServer(t, f)
+	st, err := adsClient(t, addr).StreamAggregatedResources(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := pump(t, st.Recv)
+	_ = st.Send(&discoveryv3.DiscoveryRequest{Node: nodeFor(View{Kind: KindEnvoy}, envoyNode), TypeUrl: resourcev3.ClusterType})
+	first := recv(t, ch, "CDS")
+	if len(first.GetResources()) != 3 {
+		t.Fatalf("CDS has %d clusters", len(first.GetResources()))
+	}
+	_ = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()})
+	f.apply(false, &registryv1.Event{Instance: f.id, Kind: &registryv1.Event_ServiceDeleted{ServiceDeleted: &registryv1.ServiceDeleted{Hostname: svcHost(1)}}})
+	next := recv(t, ch, "CDS after the delete")
+	var names []string
+	for _, a := range next.GetResources() {
+		var c clusterv3.Cluster
+		if err := proto.Unmarshal(a.GetValue(), &c); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, c.GetName())
+	}
+	slices.Sort(names)
+	want := []string{ClusterName(8080, "", svcHost(0)), ClusterName(8080, "", svcHost(2))}
+	if !slices.Equal(names, want) {
+		t.Errorf("CDS after deleting %s = %v, want %v", svcHost(1), names, want)
+	}
+}

@@ -89,19 +89,18 @@ func (c *Cache) viewLocked(v View) *viewState {
 		vs.wildcard[t] = map[*watch]struct{}{}
 	}
 	for _, svc := range c.gen.Agg.Services() {
-		c.buildHostLocked(vs, svc)
+		c.buildHostLocked(vs, svc.Hostname, svc)
 	}
 	c.buildGatewayLocked(vs) // east-west gateway listener: gateway.go
 	c.views[v] = vs
 	return vs
 }
 
-// buildHostLocked (re)builds the CDS, LDS and RDS resources of one host.
-func (c *Cache) buildHostLocked(vs *viewState, svc *aggregate.Service) (changed [numTypes][]string) {
-	host := ""
+// buildHostLocked (re)builds the CDS, LDS and RDS resources of one host;
+// a nil svc (the service is gone) removes them.
+func (c *Cache) buildHostLocked(vs *viewState, host string, svc *aggregate.Service) (changed [numTypes][]string) {
 	var built [numTypes][]*Resource
 	if svc != nil {
-		host = svc.Hostname
 		built[tCluster] = c.gen.Clusters(vs.view, svc)
 		built[tListener] = c.gen.Listeners(vs.view, svc)
 		built[tRoute] = c.gen.Routes(vs.view, svc)
@@ -394,7 +393,7 @@ func (c *Cache) Push(change registry.Change) PushStats {
 				attrs := change.Services[host]
 				if attrs || c.subsetsChangedLocked(vs, host) {
 					rebuilt = true
-					for t, names := range c.buildHostLocked(vs, c.gen.Agg.GetService(host)) {
+					for t, names := range c.buildHostLocked(vs, host, c.gen.Agg.GetService(host)) {
 						changed[t] = append(changed[t], names...)
 					}
 				}
@@ -443,7 +442,7 @@ func (c *Cache) rebuildAllLocked(vs *viewState) (changed [numTypes][]string) {
 		hosts[svc.Hostname] = true
 	}
 	for _, h := range slices.Sorted(maps.Keys(hosts)) {
-		for t, names := range c.buildHostLocked(vs, c.gen.Agg.GetService(h)) {
+		for t, names := range c.buildHostLocked(vs, h, c.gen.Agg.GetService(h)) {
 			changed[t] = append(changed[t], names...)
 		}
 		changed[tEndpoint] = append(changed[tEndpoint], c.rebuildEndpointsLocked(vs, h)...)

@@ -114,9 +114,7 @@ func EndpointMetadata(network, cluster string, tls sdk.TLSMode) *corev3.Metadata
 // protowire: no intermediate envoy objects, metadata spliced in from the
 // cache, deterministic output. Its buffers are reused between calls.
 type encoder struct {
-	ep   []byte // one LbEndpoint
-	grp  []byte // the LbEndpoints of one group
-	port []byte
+	grp []byte // the LbEndpoints of one group
 }
 
 var encoderPool = sync.Pool{New: func() any { return &encoder{} }}
