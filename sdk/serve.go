@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"syscall"
 	"time"
 
@@ -55,7 +56,7 @@ func Serve(f Factory) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	go exitWithParent(ctx, logger)
-	serve(ctx, f, logger, nil)
+	serve(ctx, f, logger, nil, nil)
 }
 
 // ServeTest serves f in this process for tests: it returns the config a
@@ -67,8 +68,23 @@ func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.Rea
 	}
 	reattach := make(chan *plugin.ReattachConfig, 1)
 	closed := make(chan struct{})
+	// go-plugin stops a test-mode server both when its context ends and when
+	// a client's Shutdown RPC arrives; two at once race inside go-plugin.
+	// Whichever comes first stops the server; the other is dropped.
+	stop := &stopOnce{}
+	serveCtx, cancelServe := context.WithCancel(context.Background())
 	go func() {
-		serve(ctx, f, logger, &plugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed})
+		select {
+		case <-ctx.Done():
+			if stop.claim() {
+				cancelServe()
+			}
+		case <-closed:
+		}
+	}()
+	go func() {
+		defer cancelServe()
+		serve(ctx, f, logger, &plugin.ServeTestConfig{Context: serveCtx, ReattachConfigCh: reattach, CloseCh: closed}, stop)
 		// In test mode go-plugin never closes the write ends of the stdio
 		// pipes it makes, so its two goroutines copying from them block
 		// until the garbage collector closes the files. Collect now, so
@@ -83,7 +99,7 @@ func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.Rea
 	}
 }
 
-func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.ServeTestConfig) {
+func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.ServeTestConfig, stop *stopOnce) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	state := NewState()
@@ -95,7 +111,7 @@ func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.Ser
 		},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			opts = append(opts,
-				grpc.ChainUnaryInterceptor(recoverUnary(logger)),
+				grpc.ChainUnaryInterceptor(guardShutdown(stop), recoverUnary(logger)),
 				grpc.ChainStreamInterceptor(recoverStream(logger)),
 				grpc.MaxRecvMsgSize(MaxMessageBytes),
 				grpc.MaxSendMsgSize(MaxMessageBytes),
@@ -265,6 +281,35 @@ func toStatus(err error) error {
 		return err
 	}
 	return status.Error(codes.Unknown, err.Error())
+}
+
+// stopOnce lets one of go-plugin's two stop paths run in test mode.
+type stopOnce struct {
+	mu      sync.Mutex
+	claimed bool
+}
+
+func (s *stopOnce) claim() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.claimed {
+		return false
+	}
+	s.claimed = true
+	return true
+}
+
+// shutdownMethod is go-plugin's controller RPC that stops a plugin.
+const shutdownMethod = "/plugin.GRPCController/Shutdown"
+
+// guardShutdown drops a Shutdown RPC when the server is already stopping.
+func guardShutdown(stop *stopOnce) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == shutdownMethod && stop != nil && !stop.claim() {
+			return nil, status.Error(codes.Unavailable, "plugin is already stopping")
+		}
+		return handler(ctx, req)
+	}
 }
 
 func recoverUnary(logger hclog.Logger) grpc.UnaryServerInterceptor {
