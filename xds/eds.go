@@ -73,19 +73,27 @@ type metaKey struct {
 }
 
 // metadataCache holds each distinct endpoint metadata marshaled once, so
-// that no endpoint pays for structpb.
-var metadataCache sync.Map // metaKey -> []byte
+// that no endpoint pays for structpb. It grows with networks × clusters.
+var metadataCache = struct {
+	sync.RWMutex
+	m map[metaKey][]byte
+}{m: map[metaKey][]byte{}}
 
 func metadataBytes(k metaKey) []byte {
-	if b, ok := metadataCache.Load(k); ok {
-		return b.([]byte)
+	metadataCache.RLock()
+	b, ok := metadataCache.m[k]
+	metadataCache.RUnlock()
+	if ok {
+		return b
 	}
 	md := EndpointMetadata(k.network, k.cluster, k.tls)
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(md)
 	if err != nil {
 		panic(err) // a Metadata of strings always marshals
 	}
-	metadataCache.Store(k, b)
+	metadataCache.Lock()
+	metadataCache.m[k] = b
+	metadataCache.Unlock()
 	return b
 }
 

@@ -200,7 +200,7 @@ func (f gatewayLocal) Generation() uint64 {
 	return f.inner.Generation()
 }
 
-func (f gatewayLocal) Filter(v View, _ string, groups []LocalityGroup) []LocalityGroup {
+func (f gatewayLocal) Filter(v View, groups []LocalityGroup) []LocalityGroup {
 	out := groups[:0]
 	for _, g := range groups {
 		kept := g.Endpoints[:0]

@@ -63,7 +63,7 @@ type NetworkFilter interface {
 	// of its own.
 	EndpointNetwork(instance registry.InstanceKey, props sdk.InstanceProperties, address string) string
 	// Filter rewrites the locality groups of one CLA for a view.
-	Filter(v View, cluster string, groups []LocalityGroup) []LocalityGroup
+	Filter(v View, groups []LocalityGroup) []LocalityGroup
 	// Generation changes whenever networks or gateways change.
 	Generation() uint64
 }
@@ -319,7 +319,7 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 		return 0
 	})
 	if g.Networks != nil {
-		groups = g.Networks.Filter(v, ClusterName(p.Number, subset, svc.Hostname), groups)
+		groups = g.Networks.Filter(v, groups)
 	}
 	return groups
 }

@@ -173,7 +173,7 @@ func (f *explainFilter) EndpointNetwork(k registry.InstanceKey, p sdk.InstancePr
 
 func (f *explainFilter) Generation() uint64 { return f.s.gen }
 
-func (f *explainFilter) Filter(v xds.View, _ string, groups []xds.LocalityGroup) []xds.LocalityGroup {
+func (f *explainFilter) Filter(v xds.View, groups []xds.LocalityGroup) []xds.LocalityGroup {
 	f.input = make([]xds.LocalityGroup, len(groups))
 	for i, g := range groups {
 		f.input[i] = g

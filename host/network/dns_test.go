@@ -137,7 +137,7 @@ func TestDNSGateway(t *testing.T) {
 `, srv.addr, name))
 	remote := func() string {
 		groups := []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{lb("10.2.0.1", "network2", "c2", 0, istio)}}}
-		return render(m.Filter(xds.View{Network: "network1"}, "c", groups))
+		return render(m.Filter(xds.View{Network: "network1"}, groups))
 	}
 
 	// Until the name resolves (the resolver is not running yet), network2

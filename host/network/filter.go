@@ -38,7 +38,7 @@ import (
 //
 // Filter reuses the storage of groups; it allocates only when gateway
 // endpoints outgrow a group's slice.
-func (m *Manager) Filter(v xds.View, _ string, groups []xds.LocalityGroup) []xds.LocalityGroup {
+func (m *Manager) Filter(v xds.View, groups []xds.LocalityGroup) []xds.LocalityGroup {
 	s := m.snap.Load()
 	if !s.multi {
 		return groups

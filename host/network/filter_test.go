@@ -230,7 +230,7 @@ locality=us-west1/us-west1-a priority=1 weight=6
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := render(m.Filter(tt.view, "outbound|80||echo.default.svc.cluster.local", tt.in))
+			got := render(m.Filter(tt.view, tt.in))
 			if got != tt.want {
 				t.Errorf("got:\n%s\nwant:\n%s", got, tt.want)
 			}
@@ -257,7 +257,7 @@ func TestFilterSingleNetwork(t *testing.T) {
 		lb("10.2.0.1", "network2", "cluster2", 3, disabled),
 	}}}
 	want := render(in)
-	if got := render(m.Filter(xds.View{Network: "network1"}, "c", in)); got != want {
+	if got := render(m.Filter(xds.View{Network: "network1"}, in)); got != want {
 		t.Errorf("got:\n%s\nwant unchanged:\n%s", got, want)
 	}
 }
@@ -280,7 +280,7 @@ func TestFilterAllocations(t *testing.T) {
 	v := xds.View{Network: "network1"}
 	allocs := testing.AllocsPerRun(100, func() {
 		groups[0].Endpoints = append(groups[0].Endpoints[:0], base...)
-		groups = m.Filter(v, "c", groups[:1])
+		groups = m.Filter(v, groups[:1])
 		if len(groups) != 1 || len(groups[0].Endpoints) != 4 {
 			t.Fatalf("filter gave %s", render(groups))
 		}

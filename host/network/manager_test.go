@@ -231,7 +231,7 @@ func TestRegistryServiceNameGateway(t *testing.T) {
 	if st := m.Status(); !st.MultiNetwork || st.Pending["network1"] == "" {
 		t.Errorf("network1 should be pending: multi %v pending %v", st.MultiNetwork, st.Pending)
 	}
-	got := render(m.Filter(xds.View{Network: "network2"}, "c", []xds.LocalityGroup{{Locality: "r", Endpoints: []xds.LbEndpoint{
+	got := render(m.Filter(xds.View{Network: "network2"}, []xds.LocalityGroup{{Locality: "r", Endpoints: []xds.LbEndpoint{
 		lb("10.1.0.1", "network1", "cluster1", 0, istio), lb("10.2.0.1", "network2", "cluster2", 0, istio)}}}))
 	if want := "locality=r priority=0 weight=1\n  10.2.0.1:80 w=1 net=network2 cluster=cluster2 tls=istio\n"; got != want {
 		t.Errorf("node on network2 got:\n%s\nwant:\n%s", got, want)

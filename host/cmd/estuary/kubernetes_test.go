@@ -70,7 +70,7 @@ users:
 			VIPs map[string][]string `json:"vips"`
 		} `json:"service"`
 		Merged []struct {
-			Address  string `json:"address"`
+			Address  string                   `json:"address"`
 			Instance struct{ Cluster string } `json:"instance"`
 		} `json:"merged"`
 	}
@@ -103,7 +103,7 @@ func echo(t *testing.T, c kubernetes.Interface, ns, clusterIP, podIP string) {
 	}
 	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
-		Spec: corev1.ServiceSpec{ClusterIP: clusterIP, Ports: []corev1.ServicePort{{Name: "grpc", Port: 8080}}},
+		Spec:       corev1.ServiceSpec{ClusterIP: clusterIP, Ports: []corev1.ServicePort{{Name: "grpc", Port: 8080}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
