@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -35,16 +36,16 @@ type Resource struct {
 	hostVersion, netGen uint64
 	// eds marks clusters whose endpoints come by EDS.
 	eds bool
+	any anypb.Any // Any points here: one allocation per resource
 }
 
 var hashSeed = maphash.MakeSeed()
 
 func newResource(name, typeURL string, body []byte) *Resource {
-	return &Resource{
-		Name:    name,
-		Version: strconv.FormatUint(maphash.Bytes(hashSeed, body), 36),
-		Any:     &anypb.Any{TypeUrl: typeURL, Value: body},
-	}
+	r := &Resource{Name: name, Version: strconv.FormatUint(maphash.Bytes(hashSeed, body), 36)}
+	r.any.TypeUrl, r.any.Value = typeURL, body
+	r.Any = &r.any
+	return r
 }
 
 func marshalResource(name, typeURL string, m proto.Message) *Resource {
@@ -274,16 +275,37 @@ func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
 	if !ok {
 		return nil
 	}
-	groups := g.LocalityGroups(v, svc, p, subset, g.Agg.EndpointSources(host))
+	scratch := groupPool.Get().(*[]LocalityGroup)
+	groups := g.collectGroups(*scratch, svc, p, subset, g.Agg.EndpointSources(host))
+	*scratch = groups
+	if g.Networks != nil {
+		groups = g.Networks.Filter(v, groups)
+	}
 	r := newResource(name, resourcev3.EndpointType, EncodeCLA(name, groups))
+	groupPool.Put(scratch)
 	r.hostVersion, r.netGen = hostVersion, netGen
 	return r
 }
 
+// groupPool holds locality groups for reuse between CLA builds: EncodeCLA
+// copies everything out, so the groups and their endpoint slices keep
+// their capacity for the next build instead of being allocated again.
+var groupPool = sync.Pool{New: func() any { return new([]LocalityGroup) }}
+
 // LocalityGroups computes the endpoints a view receives for one cluster,
 // grouped by locality, after the network filter.
 func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource) []LocalityGroup {
-	var groups []LocalityGroup
+	groups := g.collectGroups(nil, svc, p, subset, sources)
+	if g.Networks != nil {
+		groups = g.Networks.Filter(v, groups)
+	}
+	return groups
+}
+
+// collectGroups groups the endpoints of one cluster by locality, before the
+// network filter, reusing the groups in scratch.
+func (g *Generator) collectGroups(scratch []LocalityGroup, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource) []LocalityGroup {
+	groups := scratch[:0]
 	for _, src := range sources {
 		cluster := src.Instance.Key.Cluster
 		for i := range src.Set.Endpoints {
@@ -301,7 +323,12 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 			j := localityIndex(groups, e.Locality)
 			if j < 0 {
 				j = len(groups)
-				groups = append(groups, LocalityGroup{Locality: e.Locality, Endpoints: make([]LbEndpoint, 0, src.Set.Len())})
+				if j < cap(groups) {
+					groups = groups[:j+1]
+					groups[j] = LocalityGroup{Locality: e.Locality, Endpoints: groups[j].Endpoints[:0]}
+				} else {
+					groups = append(groups, LocalityGroup{Locality: e.Locality})
+				}
 			}
 			groups[j].Endpoints = append(groups[j].Endpoints, LbEndpoint{
 				Address: e.Address, Port: e.TargetPort(p), Weight: e.Weight, Health: e.Health,
@@ -318,9 +345,6 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 		}
 		return 0
 	})
-	if g.Networks != nil {
-		groups = g.Networks.Filter(v, groups)
-	}
 	return groups
 }
 

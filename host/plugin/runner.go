@@ -208,6 +208,7 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 
 	rpcClient, err := client.Client()
 	if err != nil {
+		client.Kill() // reap the process and drain its stderr before quoting it
 		return false, handshakeError(cfg, err, stderr.String())
 	}
 	raw, err := rpcClient.Dispense(sdk.PluginName)

@@ -124,10 +124,12 @@ func (s *Store) SetPluginOrder(plugins []string) {
 }
 
 func (s *Store) reorderLocked() {
-	s.ordered = s.ordered[:0]
+	// A new slice each time: readers hold the old one without copying it.
+	ordered := make([]*Instance, 0, len(s.instances))
 	for _, in := range s.instances {
-		s.ordered = append(s.ordered, in)
+		ordered = append(ordered, in)
 	}
+	s.ordered = ordered
 	slices.SortFunc(s.ordered, func(a, b *Instance) int {
 		ra, oka := s.pluginRank[a.Key.Plugin]
 		rb, okb := s.pluginRank[b.Key.Plugin]
@@ -141,12 +143,12 @@ func (s *Store) reorderLocked() {
 	})
 }
 
-// Instances returns every instance in aggregate order. The slice is the
-// caller's.
+// Instances returns every instance in aggregate order. The slice is shared
+// and never changes: do not modify it.
 func (s *Store) Instances() []*Instance {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return slices.Clone(s.ordered)
+	return s.ordered
 }
 
 // Instance returns the instance with the given key, or nil.
