@@ -1,16 +1,20 @@
 package xds
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/google/go-cmp/cmp"
 
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -85,6 +89,42 @@ func TestClusterNames(t *testing.T) {
 	for _, bad := range []string{"inbound|80||h", "outbound|x||h", "outbound|80|h"} {
 		if _, _, _, ok := ParseClusterName(bad); ok {
 			t.Errorf("ParseClusterName(%q) accepted", bad)
+		}
+	}
+}
+
+// TestPooledGroupsSurviveFilters: a filter that drops a locality group
+// rearranges the slice it is given; the next CLA built with the pooled
+// groups must still get every endpoint in its own group.
+func TestPooledGroupsSurviveFilters(t *testing.T) {
+	f := newFixture(t)
+	two := func(seed int, tls registryv1.TLSMode) []*registryv1.Endpoint {
+		return []*registryv1.Endpoint{
+			{Address: fmt.Sprintf("10.%d.0.1", seed), Locality: "r/a", TlsMode: registryv1.TLSMode_TLS_MODE_DISABLED},
+			{Address: fmt.Sprintf("10.%d.0.2", seed), Locality: "r/b", TlsMode: tls},
+		}
+	}
+	f.service(svcHost(0), 8080)
+	f.endpoints(svcHost(0), two(1, registryv1.TLSMode_TLS_MODE_ISTIO))
+	f.service(svcHost(1), 8080)
+	f.endpoints(svcHost(1), two(2, registryv1.TLSMode_TLS_MODE_ISTIO))
+	gen := &Generator{Agg: f.agg}
+	router := View{Kind: KindRouter, Network: "network1", Networks: "network1"}
+	for range 3 {
+		// The router keeps only the mTLS endpoint: the first group goes.
+		r := gen.CLA(router, SNIClusterName(8080, "", svcHost(0)), nil)
+		if got := claAddresses(decodeCLAs(t, []*anypb.Any{r.Any})[SNIClusterName(8080, "", svcHost(0))]); !slices.Equal(got, []string{"10.1.0.2"}) {
+			t.Fatalf("router CLA = %v", got)
+		}
+		name := ClusterName(8080, "", svcHost(1))
+		cla := decodeCLAs(t, []*anypb.Any{gen.CLA(proxylessView, name, nil).Any})[name]
+		if len(cla.GetEndpoints()) != 2 || !slices.Equal(claAddresses(cla), []string{"10.2.0.1", "10.2.0.2"}) {
+			t.Fatalf("CLA after a filtered build = %v", cla)
+		}
+		for _, le := range cla.GetEndpoints() {
+			if len(le.GetLbEndpoints()) != 1 {
+				t.Fatalf("locality %v has %d endpoints, want 1", le.GetLocality(), len(le.GetLbEndpoints()))
+			}
 		}
 	}
 }

@@ -142,37 +142,6 @@ func (g *Generator) GatewayListener(v View) *Resource {
 	return marshalResource(GatewayListenerName, resourcev3.ListenerType, l)
 }
 
-// gatewayCLA builds the endpoints of an SNI cluster for a router view: the
-// local, mTLS-capable endpoints only. It returns nil when the cluster does
-// not exist.
-func (g *Generator) gatewayCLA(v View, name string, prev *Resource) *Resource {
-	port, subset, host, ok := ParseSNIClusterName(name)
-	if !ok {
-		return nil
-	}
-	var netGen uint64
-	if g.Networks != nil {
-		netGen = g.Networks.Generation()
-	}
-	hostVersion := g.Agg.HostVersion(host)
-	if prev != nil && prev.hostVersion == hostVersion && prev.netGen == netGen {
-		return prev
-	}
-	svc := g.Agg.GetService(host)
-	if svc == nil || svc.Resolution != sdk.ResolutionStatic {
-		return nil
-	}
-	p, ok := findPort(svc.Ports, port)
-	if !ok {
-		return nil
-	}
-	local := &Generator{Agg: g.Agg, Networks: gatewayLocal{g.Networks}}
-	groups := local.LocalityGroups(v, svc, p, subset, g.Agg.EndpointSources(host))
-	r := newResource(name, resourcev3.EndpointType, EncodeCLA(name, groups))
-	r.hostVersion, r.netGen = hostVersion, netGen
-	return r
-}
-
 // GatewayForwards reports whether an east-west gateway with view v
 // forwards to an endpoint: the view sees its network, the network is the
 // gateway's own (or unknown, or the gateway has none), and the endpoint

@@ -253,12 +253,22 @@ func (g *Generator) routable(svc *aggregate.Service) bool {
 // cluster does not exist.
 func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
 	if v.Kind == KindRouter {
-		return g.gatewayCLA(v, name, prev) // east-west gateway: gateway.go
+		// East-west gateway: SNI clusters of local mTLS endpoints (gateway.go).
+		port, subset, host, ok := ParseSNIClusterName(name)
+		if !ok {
+			return nil
+		}
+		return g.cla(v, name, prev, port, subset, host, gatewayLocal{g.Networks})
 	}
 	port, subset, host, ok := ParseClusterName(name)
 	if !ok {
 		return nil
 	}
+	return g.cla(v, name, prev, port, subset, host, g.Networks)
+}
+
+// cla builds a CLA through filter (nil: no network filtering).
+func (g *Generator) cla(v View, name string, prev *Resource, port uint32, subset, host string, filter NetworkFilter) *Resource {
 	var netGen uint64
 	if g.Networks != nil {
 		netGen = g.Networks.Generation()
@@ -276,10 +286,12 @@ func (g *Generator) CLA(v View, name string, prev *Resource) *Resource {
 		return nil
 	}
 	scratch := groupPool.Get().(*[]LocalityGroup)
-	groups := g.collectGroups(*scratch, svc, p, subset, g.Agg.EndpointSources(host))
+	groups := g.collectGroups(*scratch, svc, p, subset, g.Agg.EndpointSources(host), filter)
 	*scratch = groups
-	if g.Networks != nil {
-		groups = g.Networks.Filter(v, groups)
+	if filter != nil {
+		// A filter may rearrange the slice it gets; the pooled groups must
+		// keep their own endpoint arrays.
+		groups = filter.Filter(v, slices.Clone(groups))
 	}
 	r := newResource(name, resourcev3.EndpointType, EncodeCLA(name, groups))
 	groupPool.Put(scratch)
@@ -295,7 +307,7 @@ var groupPool = sync.Pool{New: func() any { return new([]LocalityGroup) }}
 // LocalityGroups computes the endpoints a view receives for one cluster,
 // grouped by locality, after the network filter.
 func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource) []LocalityGroup {
-	groups := g.collectGroups(nil, svc, p, subset, sources)
+	groups := g.collectGroups(nil, svc, p, subset, sources, g.Networks)
 	if g.Networks != nil {
 		groups = g.Networks.Filter(v, groups)
 	}
@@ -304,7 +316,7 @@ func (g *Generator) LocalityGroups(v View, svc *aggregate.Service, p sdk.Port, s
 
 // collectGroups groups the endpoints of one cluster by locality, before the
 // network filter, reusing the groups in scratch.
-func (g *Generator) collectGroups(scratch []LocalityGroup, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource) []LocalityGroup {
+func (g *Generator) collectGroups(scratch []LocalityGroup, svc *aggregate.Service, p sdk.Port, subset string, sources []aggregate.EndpointSource, nets NetworkFilter) []LocalityGroup {
 	groups := scratch[:0]
 	for _, src := range sources {
 		cluster := src.Instance.Key.Cluster
@@ -317,8 +329,8 @@ func (g *Generator) collectGroups(scratch []LocalityGroup, svc *aggregate.Servic
 			if network == "" {
 				network = src.Properties.DefaultNetwork
 			}
-			if network == "" && g.Networks != nil {
-				network = g.Networks.EndpointNetwork(src.Instance.Key, src.Properties, e.Address)
+			if network == "" && nets != nil {
+				network = nets.EndpointNetwork(src.Instance.Key, src.Properties, e.Address)
 			}
 			j := localityIndex(groups, e.Locality)
 			if j < 0 {
