@@ -275,6 +275,7 @@ func (c *cluster) run() {
 	if err != nil {
 		return // stopped
 	}
+	c.log.Debug("informers synced", "server", c.server)
 	close(c.synced)
 	select {
 	case <-c.active:
@@ -429,12 +430,12 @@ func (c *cluster) slicesOf(namespace, name string) []*discoveryv1.EndpointSlice 
 }
 
 // pod and node implement objects and gatewayObjects.
-func (c *cluster) pod(namespace, name string) *corev1.Pod {
+func (c *cluster) pod(namespace, name string) *podInfo {
 	o, ok, _ := c.podInf.GetIndexer().GetByKey(namespace + "/" + name)
 	if !ok {
 		return nil
 	}
-	return o.(*corev1.Pod)
+	return o.(*podInfo)
 }
 
 func (c *cluster) node(name string) *corev1.Node {
@@ -469,8 +470,8 @@ func (c *cluster) endpointNodes(svc *corev1.Service) map[string]bool {
 			case e.NodeName != nil:
 				out[*e.NodeName] = true
 			case e.TargetRef != nil && e.TargetRef.Kind == "Pod":
-				if p := c.pod(cmp.Or(e.TargetRef.Namespace, s.Namespace), e.TargetRef.Name); p != nil && p.Spec.NodeName != "" {
-					out[p.Spec.NodeName] = true
+				if p := c.pod(cmp.Or(e.TargetRef.Namespace, s.Namespace), e.TargetRef.Name); p != nil && p.NodeName != "" {
+					out[p.NodeName] = true
 				}
 			}
 		}
@@ -551,8 +552,8 @@ func (c *cluster) onPod(oldObj, curObj any) {
 	if !c.live.Load() {
 		return
 	}
-	old, _ := oldObj.(*corev1.Pod)
-	cur, _ := curObj.(*corev1.Pod)
+	old, _ := oldObj.(*podInfo)
+	cur, _ := curObj.(*podInfo)
 	if old != nil && cur != nil && !podChanged(old, cur) {
 		return
 	}
@@ -564,9 +565,8 @@ func (c *cluster) onPod(oldObj, curObj any) {
 }
 
 // podChanged reports a change in what endpoints take from a pod.
-func podChanged(a, b *corev1.Pod) bool {
-	return a.Spec.NodeName != b.Spec.NodeName || a.Spec.ServiceAccountName != b.Spec.ServiceAccountName ||
-		!maps.Equal(a.Labels, b.Labels)
+func podChanged(a, b *podInfo) bool {
+	return a.NodeName != b.NodeName || a.ServiceAccount != b.ServiceAccount || !maps.Equal(a.Labels, b.Labels)
 }
 
 func (c *cluster) onNode(oldObj, curObj any) {

@@ -259,3 +259,60 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+// TestReconfigure changes the config of a running plugin: a bad config
+// keeps the running one, a new network keeps the instance (its endpoints
+// never vanish) and a new cluster ID replaces it.
+func TestReconfigure(t *testing.T) {
+	tb := testbed.StartKube(t)
+	k := kube{t, tb.Client()}
+	ns := k.namespace("reconf", nil)
+	k.service(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	})
+	k.slice(endpointSlice(ns, "echo-1", "echo", map[string]int32{"http": 8080}, epSpec{addr: "10.12.0.1"}))
+	host := "echo." + ns + ".svc.cluster.local"
+	mesh := sdk.MeshSettings{DomainSuffix: "cluster.local"}
+	config := func(clusterID, network string) string {
+		return fmt.Sprintf("kubeconfig = %q\ncluster_id = %q\nnetwork = %q\n", tb.Kubeconfig, clusterID, network)
+	}
+	epNetwork := func(r *sdktest.Replica, cluster string) string {
+		if e := findEndpoint(instance(r, cluster), host, "10.12.0.1"); e != nil {
+			return e.Network
+		}
+		return ""
+	}
+	rec := startRecorder(t, config("c1", "n1"), mesh)
+	rec.waitFor(t, "c1 synced", func(r *sdktest.Replica) bool { return epNetwork(r, "c1") == "n1" })
+	rec.invariant(t, func(r *sdktest.Replica) error {
+		if len(endpointAddrs(instance(r, "c1"), host)) != 1 {
+			return fmt.Errorf("c1 lost the endpoint of %s", host)
+		}
+		return nil
+	})
+
+	diags := rec.configure(t, config("c1", "n1")+"remote_sync_timeout = \"soon\"\n", mesh)
+	if !diags.HasErrors() || !slices.Equal(diags[0].Path, []string{"remote_sync_timeout"}) {
+		t.Errorf("bad config: diagnostics %+v, want an error at remote_sync_timeout", diags)
+	}
+	if diags := rec.configure(t, config("c1", "n1"), mesh); diags.HasErrors() {
+		t.Fatalf("same config again: %v", diags)
+	}
+	if diags := rec.configure(t, config("c1", "n2"), mesh); diags.HasErrors() {
+		t.Fatalf("new network: %v", diags)
+	}
+	rec.waitFor(t, "endpoints on the new network", func(r *sdktest.Replica) bool {
+		in := instance(r, "c1")
+		return epNetwork(r, "c1") == "n2" && in.Properties.DefaultNetwork == "n2"
+	})
+	rec.invariant(t, nil)
+
+	if diags := rec.configure(t, config("c2", "n2"), mesh); diags.HasErrors() {
+		t.Fatalf("new cluster ID: %v", diags)
+	}
+	rec.waitFor(t, "c1 replaced by c2", func(r *sdktest.Replica) bool {
+		in := instance(r, "c2")
+		return instance(r, "c1") == nil && in != nil && in.Synced && epNetwork(r, "c2") == "n2"
+	})
+}

@@ -200,7 +200,7 @@ func protocol(p corev1.ServicePort) string {
 
 // objects is what endpoint conversion reads from a cluster's caches.
 type objects interface {
-	pod(namespace, name string) *corev1.Pod
+	pod(namespace, name string) *podInfo
 	node(name string) *corev1.Node
 }
 
@@ -266,7 +266,7 @@ func isReady(e *discoveryv1.Endpoint) bool {
 
 func (c *converter) endpoint(namespace, addr string, ports map[string]uint32, e *discoveryv1.Endpoint, objs objects) sdk.Endpoint {
 	ep := sdk.Endpoint{Address: addr, TargetPorts: ports, Network: c.network}
-	var pod *corev1.Pod
+	var pod *podInfo
 	if ref := e.TargetRef; ref != nil && ref.Kind == "Pod" {
 		pod = objs.pod(cmp.Or(ref.Namespace, namespace), ref.Name)
 		ep.WorkloadName = ref.Name
@@ -283,8 +283,8 @@ func (c *converter) endpoint(namespace, addr string, ports map[string]uint32, e 
 		if pod.Labels[labelTLSMode] == "istio" {
 			ep.TLSMode = sdk.TLSModeIstio
 		}
-		ep.ServiceAccount = c.identity(pod.Namespace, pod.Spec.ServiceAccountName)
-		nodeName = cmp.Or(nodeName, pod.Spec.NodeName)
+		ep.ServiceAccount = c.identity(pod.Namespace, pod.ServiceAccount)
+		nodeName = cmp.Or(nodeName, pod.NodeName)
 	}
 	if node := objs.node(nodeName); node != nil {
 		ep.Locality = nodeLocality(node)

@@ -125,13 +125,13 @@ func TestConvertService(t *testing.T) {
 
 // fakeObjects serves pods and nodes from maps, for pure conversion tests.
 type fakeObjects struct {
-	pods  map[string]*corev1.Pod
+	pods  map[string]*podInfo
 	nodes map[string]*corev1.Node
 	ready map[string]bool
 }
 
-func (f *fakeObjects) pod(ns, name string) *corev1.Pod { return f.pods[ns+"/"+name] }
-func (f *fakeObjects) node(name string) *corev1.Node   { return f.nodes[name] }
+func (f *fakeObjects) pod(ns, name string) *podInfo  { return f.pods[ns+"/"+name] }
+func (f *fakeObjects) node(name string) *corev1.Node { return f.nodes[name] }
 func (f *fakeObjects) nodeList() []*corev1.Node {
 	var out []*corev1.Node
 	for _, n := range f.nodes {
@@ -146,11 +146,15 @@ type fakeGatewayObjects struct{ *fakeObjects }
 func (f fakeGatewayObjects) nodes() []*corev1.Node                         { return f.nodeList() }
 func (f fakeGatewayObjects) endpointNodes(*corev1.Service) map[string]bool { return f.ready }
 
-func podObj(name string, labels map[string]string, node, sa string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns1", Labels: labels},
-		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa},
+func podObj(name string, labels map[string]string, node, sa string) *podInfo {
+	p, err := transformPod(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns1", Labels: labels, Annotations: map[string]string{"a": "b"}},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c"}}},
+	})
+	if err != nil {
+		panic(err)
 	}
+	return p.(*podInfo)
 }
 
 func nodeObj(name string, labels map[string]string, externalIPs ...string) *corev1.Node {
@@ -197,7 +201,7 @@ func sliceObj(name string, ports map[string]int32, eps ...epSpec) *discoveryv1.E
 
 func TestConvertEndpoints(t *testing.T) {
 	objs := &fakeObjects{
-		pods: map[string]*corev1.Pod{
+		pods: map[string]*podInfo{
 			"ns1/p1": podObj("p1", map[string]string{"app": "a", "version": "v1", labelTLSMode: "istio"}, "n1", "reader"),
 			"ns1/p2": podObj("p2", map[string]string{"app": "a", labelNetwork: "net-pod"}, "n2", ""),
 			"ns1/p3": podObj("p3", map[string]string{"app": "a"}, "n1", "reader"),
