@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -37,15 +36,9 @@ func explain(args []string) int {
 		return 2
 	}
 	q := url.Values{"explain": {*cluster}, "node": {*node}}
-	resp, err := http.Get("http://" + *admin + "/debug/networkz?" + q.Encode())
+	body, err := adminGet(*admin, "/debug/networkz", q)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "estuary at %s: %v\n", *admin, err)
-		return 1
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(os.Stderr, "estuary at %s: %s", *admin, body)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if *asJSON {

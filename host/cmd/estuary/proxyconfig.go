@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"text/tabwriter"
@@ -36,15 +34,9 @@ func proxyConfig(args []string) int {
 	if *cluster != "" {
 		q.Set("cluster", *cluster)
 	}
-	resp, err := http.Get("http://" + *admin + "/debug/proxyendpointz?" + q.Encode())
+	body, err := adminGet(*admin, "/debug/proxyendpointz", q)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "estuary at %s: %v\n", *admin, err)
-		return 1
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(os.Stderr, "estuary at %s: %s", *admin, body)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if *asJSON {
