@@ -98,7 +98,7 @@ func (gwNets) EndpointNetwork(k registry.InstanceKey, _ sdk.InstanceProperties, 
 	return ""
 }
 func (gwNets) Filter(_ xds.View, g []xds.LocalityGroup) []xds.LocalityGroup { return g }
-func (gwNets) Generation() uint64                                                     { return 1 }
+func (gwNets) Generation() uint64                                           { return 1 }
 
 const (
 	gwEcho = "echo.default.svc.cluster.local"
