@@ -49,6 +49,9 @@ type Server struct {
 
 	nodesMu sync.Mutex
 	streams map[int64]*streamInfo
+
+	// onPush, if set, observes every push, for tests.
+	onPush func(PushStats, registry.Change)
 }
 
 type metrics struct {
@@ -227,6 +230,9 @@ func (s *Server) push(change registry.Change, first time.Time) {
 		}
 	}
 	s.logger.Debug("push", "full", change.Full, "services", len(change.Services), "responses", st.Total(), "took", end.Sub(start))
+	if s.onPush != nil {
+		s.onPush(st, change)
+	}
 }
 
 // PushNow applies a change without debouncing, for tests and benchmarks.

@@ -1,0 +1,91 @@
+package xds
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/host/registry"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+)
+
+// TestPushScope: an endpoint-only change answers EDS watches and leaves
+// CDS alone; a change of the service itself answers CDS too; a full change
+// reaches every watch whose resources differ.
+func TestPushScope(t *testing.T) {
+	f := newFixture(t)
+	f.populate(5, 1)
+	c := NewCache(&Generator{Agg: f.agg})
+	node := nodeFor(View{Kind: KindEnvoy, Network: "network1"}, envoyNode)
+	cdsSub := stream.NewSotwSubscription(nil, true)
+	cds := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: node}, sub: &cdsSub, ch: make(chan cache.Response, 1)}
+	cds.open(t, c)
+	eds := openEDSWatches(t, c, View{Kind: KindEnvoy, Network: "network1"}, 1, 5, 5)
+	all := append(watcherSet{cds}, eds...)
+	all.rearm(t, c) // take the first CDS response
+	base := [2]int{cds.responses, eds[0].responses}
+
+	f.endpoints(svcHost(2), genEndpoints(3, 20))
+	st := c.Push(registry.Change{Services: map[string]bool{svcHost(2): false}})
+	all.rearm(t, c)
+	if st.Responses[tCluster] != 0 || cds.responses != base[0] {
+		t.Errorf("endpoint-only change answered CDS (%d responses)", st.Responses[tCluster])
+	}
+	if st.Responses[tEndpoint] != 1 || eds[0].responses != base[1]+1 {
+		t.Errorf("endpoint-only change: %d EDS responses, want 1", st.Responses[tEndpoint])
+	}
+
+	// The service gains a port: CDS changes.
+	f.apply(false, &registryv1.Event{Instance: f.id, Kind: &registryv1.Event_ServiceUpserted{ServiceUpserted: &registryv1.ServiceUpserted{Service: &registryv1.Service{
+		Hostname: svcHost(2), Namespace: "default", Ports: []*registryv1.Port{{Name: "grpc", Number: 8080, Protocol: "GRPC"}, {Name: "http", Number: 9090, Protocol: "HTTP"}},
+	}}}})
+	st = c.Push(registry.Change{Services: map[string]bool{svcHost(2): true}})
+	all.rearm(t, c)
+	if st.Responses[tCluster] != 1 || cds.responses != base[0]+1 {
+		t.Errorf("service change: %d CDS responses, want 1", st.Responses[tCluster])
+	}
+
+	// A full change with nothing different answers nobody.
+	if st := c.Push(registry.Change{Full: true}); st.Total() != 0 {
+		t.Errorf("a full push of unchanged resources answered %d watches", st.Total())
+	}
+}
+
+// TestDebounceMergesABurst: changes that come closer together than the
+// quiet period leave in one push carrying all of them.
+func TestDebounceMergesABurst(t *testing.T) {
+	f := newFixture(t)
+	f.populate(3, 1)
+	s := New(Options{Listen: "127.0.0.1:0", DebounceAfter: 300 * time.Millisecond, DebounceMax: 10 * time.Second}, f.agg, nil, hclog.NewNullLogger(), nil)
+	pushes := make(chan PushStats, 10)
+	s.onPush = func(st PushStats, c registry.Change) { pushes <- st }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	openEDSWatches(t, s.Cache(), proxylessView, 1, 3, 3)
+	for i := range 3 {
+		f.endpoints(svcHost(i), genEndpoints(2, 30+i))
+	}
+	select {
+	case st := <-pushes:
+		if st.Changed[tEndpoint] != 3 || st.Responses[tEndpoint] != 1 {
+			t.Errorf("first push changed %d CLAs with %d responses; want all 3 changes in one response", st.Changed[tEndpoint], st.Responses[tEndpoint])
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no push")
+	}
+	select {
+	case st := <-pushes:
+		t.Errorf("a second push followed the burst: %+v", st)
+	case <-time.After(time.Second):
+	}
+}
