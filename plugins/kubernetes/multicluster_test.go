@@ -37,6 +37,16 @@ func TestMultiCluster(t *testing.T) {
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
 	})
 	k2.slice(endpointSlice(ns2, "echo-1", "echo", map[string]int32{"http": 8080}, epSpec{addr: "10.20.0.1"}, epSpec{addr: "10.20.0.2"}))
+	// The same service in both clusters, for the aggregate.
+	var shared [2]*corev1.Service
+	for i, k := range []kube{k1, k2} {
+		k.namespaceNamed("shared", nil)
+		shared[i] = k.service(&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: "shared"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 7070}}},
+		})
+		k.slice(endpointSlice("shared", "echo-1", "echo", map[string]int32{"grpc": 17070}, epSpec{addr: fmt.Sprintf("10.40.%d.1", i+1)}))
+	}
 	tokenA := k2.readerToken("istio-system", "reader-a")
 	tokenB := k2.readerToken("istio-system", "reader-b")
 	echoHost := "echo." + ns2 + ".svc.cluster.local"
@@ -81,6 +91,27 @@ allowed_servers = ["127.0.0.0/8"]
 				t.Errorf("cluster2 service = %+v, want a cluster2 VIP", svc)
 			}
 		})
+		// The host's aggregate merges the service both clusters have: one
+		// VIP per cluster, the endpoints of both.
+		const sharedHost = "echo.shared.svc.cluster.local"
+		svc := rec.agg.GetService(sharedHost)
+		if svc == nil {
+			t.Fatalf("aggregate lacks %s", sharedHost)
+		}
+		wantVIPs := map[string][]string{"cluster1": {shared[0].Spec.ClusterIP}, "cluster2": {shared[1].Spec.ClusterIP}}
+		if !maps.EqualFunc(svc.VIPs, wantVIPs, slices.Equal) || len(svc.Instances) != 2 {
+			t.Errorf("merged %s: VIPs %v from %v, want %v from both clusters", sharedHost, svc.VIPs, svc.Instances, wantVIPs)
+		}
+		clusters := map[string]bool{}
+		for _, e := range rec.agg.Endpoints(sharedHost, 7070, nil) {
+			if e.Port != 17070 {
+				t.Errorf("merged endpoint %s of %s listens on %d, want 17070", e.Endpoint.Address, e.Instance, e.Port)
+			}
+			clusters[e.Instance.Cluster] = true
+		}
+		if !clusters["cluster1"] || !clusters["cluster2"] || len(clusters) != 2 {
+			t.Errorf("merged %s has endpoints from %v, want cluster1 and cluster2", sharedHost, clusters)
+		}
 		if rec.syncTO["cluster2"] != 5*time.Second || rec.syncTO["cluster1"] != 0 {
 			t.Errorf("sync timeouts = %v, want cluster2 5s (remote_sync_timeout), cluster1 unset", rec.syncTO)
 		}
