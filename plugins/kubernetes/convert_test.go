@@ -167,12 +167,11 @@ func nodeObj(name string, labels map[string]string, externalIPs ...string) *core
 }
 
 type epSpec struct {
-	addr        string
-	ready       *bool
-	pod, node   string
-	zone        string
-	podNS       string
-	noTargetRef bool
+	addr      string
+	ready     *bool
+	pod, node string
+	zone      string
+	podNS     string
 }
 
 func sliceObj(name string, ports map[string]int32, eps ...epSpec) *discoveryv1.EndpointSlice {
