@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -35,14 +36,18 @@ type Resource struct {
 	// Equal inputs give equal output, so an unchanged CLA is not rebuilt.
 	hostVersion, netGen uint64
 	// eds marks clusters whose endpoints come by EDS.
-	eds bool
-	any anypb.Any // Any points here: one allocation per resource
+	eds     bool
+	any     anypb.Any // Any points here: one allocation per resource
+	version [13]byte  // Version's bytes: a base-36 uint64 fits
 }
 
 var hashSeed = maphash.MakeSeed()
 
 func newResource(name, typeURL string, body []byte) *Resource {
-	r := &Resource{Name: name, Version: strconv.FormatUint(maphash.Bytes(hashSeed, body), 36)}
+	r := &Resource{Name: name}
+	// The version's bytes live in the resource: one allocation for both.
+	v := strconv.AppendUint(r.version[:0], maphash.Bytes(hashSeed, body), 36)
+	r.Version = unsafe.String(&v[0], len(v))
 	r.any.TypeUrl, r.any.Value = typeURL, body
 	r.Any = &r.any
 	return r
@@ -286,7 +291,8 @@ func (g *Generator) cla(v View, name string, prev *Resource, port uint32, subset
 		return nil
 	}
 	scratch := groupPool.Get().(*[]LocalityGroup)
-	groups := g.collectGroups(*scratch, svc, p, subset, g.Agg.EndpointSources(host), filter)
+	var buf [4]aggregate.EndpointSource // a service is rarely in more instances
+	groups := g.collectGroups(*scratch, svc, p, subset, g.Agg.AppendEndpointSources(buf[:0], host), filter)
 	*scratch = groups
 	if filter != nil {
 		// A filter may rearrange the slice it gets; the pooled groups must

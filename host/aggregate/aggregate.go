@@ -268,13 +268,18 @@ func mergeAddrs(dst *map[string][]string, src map[string][]string) {
 // EndpointSources returns each instance's endpoints of a service, in order.
 // The sets are immutable; callers must not modify them.
 func (r *Registry) EndpointSources(hostname string) []EndpointSource {
-	var out []EndpointSource
+	return r.AppendEndpointSources(nil, hostname)
+}
+
+// AppendEndpointSources appends the sources of a service to dst, so a
+// caller on a hot path can pass a buffer of its own.
+func (r *Registry) AppendEndpointSources(dst []EndpointSource, hostname string) []EndpointSource {
 	for _, in := range r.store.Instances() {
 		if set := in.Endpoints(hostname); set.Len() > 0 {
-			out = append(out, EndpointSource{Instance: in, Properties: in.Properties(), Set: set})
+			dst = append(dst, EndpointSource{Instance: in, Properties: in.Properties(), Set: set})
 		}
 	}
-	return out
+	return dst
 }
 
 // ServiceEndpoint is one endpoint of one service port.
