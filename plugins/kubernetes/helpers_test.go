@@ -24,8 +24,6 @@ import (
 	kubeclient "k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/configschema"
@@ -237,7 +235,7 @@ func ready(b bool) *bool { return ptr.To(b) }
 // --- a Watch stream that checks every state the host would see ---
 
 // recorder serves the plugin in-process like sdktest.Start, and applies each
-// Watch response to a replica (and to the host's store and aggregate), running the current invariant after every
+// Watch response to a replica, running the current invariant after every
 // one, so a test can assert that no intermediate state breaks it. It also
 // keeps the SyncTimeout property of each instance, which sdktest.Replica
 // does not.
@@ -250,11 +248,8 @@ type recorder struct {
 	inv    func(*sdktest.Replica) error
 	evInv  func(*registryv1.Event) error
 	seen   map[string]int // notice messages seen in any health event, by cluster + ": " + message
-	// agg is the host's aggregate, fed the same stream.
-	agg   *aggregate.Registry
-	sess  *registry.Session
-	err   error
-	ended bool
+	err    error
+	ended  bool
 }
 
 func startRecorder(t *testing.T, config string, mesh sdk.MeshSettings) *recorder {
@@ -290,10 +285,8 @@ func startRecorder(t *testing.T, config string, mesh sdk.MeshSettings) *recorder
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := registry.NewStore(nil)
 	rec := &recorder{
 		rpc: raw.(registryv1.RegistryClient), r: sdktest.NewReplica(), syncTO: map[string]time.Duration{}, seen: map[string]int{},
-		agg: aggregate.New(store, nil), sess: store.NewSession("kubernetes"),
 	}
 	rec.cond = sync.NewCond(&rec.mu)
 	if diags := rec.configure(t, config, mesh); diags.HasErrors() {
@@ -365,9 +358,6 @@ func (rec *recorder) consume(stream grpc.ServerStreamingClient[registryv1.WatchR
 		}
 		if err := rec.r.Apply(resp); err != nil && rec.err == nil {
 			rec.err = err
-		}
-		if err := rec.sess.Apply(resp); err != nil && rec.err == nil {
-			rec.err = fmt.Errorf("host store: %w", err)
 		}
 		if rec.inv != nil && rec.err == nil {
 			if err := rec.inv(rec.r); err != nil {

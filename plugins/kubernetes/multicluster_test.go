@@ -91,27 +91,30 @@ allowed_servers = ["127.0.0.0/8"]
 				t.Errorf("cluster2 service = %+v, want a cluster2 VIP", svc)
 			}
 		})
-		// The host's aggregate merges the service both clusters have: one
-		// VIP per cluster, the endpoints of both.
+		// The service both clusters have is reported by each cluster's
+		// instance with that cluster's VIP and endpoints; the host merges
+		// them (host/cmd/estuary TestKubernetesMulticlusterMergesInTheAggregate).
 		const sharedHost = "echo.shared.svc.cluster.local"
-		svc := rec.agg.GetService(sharedHost)
-		if svc == nil {
-			t.Fatalf("aggregate lacks %s", sharedHost)
-		}
-		wantVIPs := map[string][]string{"cluster1": {shared[0].Spec.ClusterIP}, "cluster2": {shared[1].Spec.ClusterIP}}
-		if !maps.EqualFunc(svc.VIPs, wantVIPs, slices.Equal) || len(svc.Instances) != 2 {
-			t.Errorf("merged %s: VIPs %v from %v, want %v from both clusters", sharedHost, svc.VIPs, svc.Instances, wantVIPs)
-		}
-		clusters := map[string]bool{}
-		for _, e := range rec.agg.Endpoints(sharedHost, 7070, nil) {
-			if e.Port != 17070 {
-				t.Errorf("merged endpoint %s of %s listens on %d, want 17070", e.Endpoint.Address, e.Instance, e.Port)
+		rec.with(func(r *sdktest.Replica) {
+			for i, cluster := range []string{"cluster1", "cluster2"} {
+				in := r.Instance(sdk.ProviderKubernetes, cluster)
+				if in == nil || in.Services[sharedHost] == nil {
+					t.Fatalf("%s does not report %s", cluster, sharedHost)
+				}
+				if got, want := in.Services[sharedHost].VIPs, map[string][]string{cluster: {shared[i].Spec.ClusterIP}}; !maps.EqualFunc(got, want, slices.Equal) {
+					t.Errorf("%s: %s VIPs %v, want %v", cluster, sharedHost, got, want)
+				}
+				eps := in.Endpoints[sharedHost]
+				if len(eps) == 0 {
+					t.Errorf("%s: %s has no endpoints", cluster, sharedHost)
+				}
+				for _, e := range eps {
+					if e.TargetPorts["grpc"] != 17070 {
+						t.Errorf("%s: endpoint %s target ports %v, want grpc 17070", cluster, e.Address, e.TargetPorts)
+					}
+				}
 			}
-			clusters[e.Instance.Cluster] = true
-		}
-		if !clusters["cluster1"] || !clusters["cluster2"] || len(clusters) != 2 {
-			t.Errorf("merged %s has endpoints from %v, want cluster1 and cluster2", sharedHost, clusters)
-		}
+		})
 		if rec.syncTO["cluster2"] != 5*time.Second || rec.syncTO["cluster1"] != 0 {
 			t.Errorf("sync timeouts = %v, want cluster2 5s (remote_sync_timeout), cluster1 unset", rec.syncTO)
 		}
