@@ -76,6 +76,9 @@ type runner struct {
 }
 
 func newRunner(sup *Supervisor, cfg *config.Plugin) *runner {
+	// Export the counter at zero, so dashboards see the plugin before its
+	// first restart.
+	sup.metrics.restarts.WithLabelValues(cfg.Label).Add(0)
 	return &runner{
 		sup:     sup,
 		logger:  sup.logger.With("plugin", cfg.Label),

@@ -191,3 +191,42 @@ plugin "static" {
 		}
 	}
 }
+
+func TestAdminEndpoints(t *testing.T) {
+	h := startHost(t, staticBlock("static", "a.example.com"))
+	if code, body := h.get("/healthz"); code != 200 || !strings.Contains(string(body), "ok") {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	code, body := h.get("/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics = %d", code)
+	}
+	for _, want := range []string{
+		`estuary_registry_instances{plugin="static",provider="Static"} 1`,
+		`estuary_registry_events_total{kind="service_upserted",plugin="static"} 1`,
+		`estuary_plugin_up{plugin="static"} 1`,
+		"estuary_plugin_restarts_total",
+		"estuary_xds_clients 0",
+		"estuary_aggregate_conflicts",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	var cfg struct {
+		Mesh struct {
+			ClusterID string `json:"cluster_id"`
+		} `json:"mesh"`
+		XDS struct {
+			Listen string `json:"listen"`
+		} `json:"xds"`
+		Plugins []struct {
+			Label  string         `json:"label"`
+			Config map[string]any `json:"config"`
+		} `json:"plugins"`
+	}
+	h.getJSON("/debug/configz", &cfg)
+	if cfg.Mesh.ClusterID != "cluster1" || cfg.XDS.Listen != h.xds || len(cfg.Plugins) != 1 || cfg.Plugins[0].Config["cluster"] != "static-cluster" {
+		t.Errorf("/debug/configz = %+v", cfg)
+	}
+}
