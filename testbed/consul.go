@@ -321,14 +321,7 @@ func (c *Consul) Start() {
 		return
 	}
 	t0 := time.Now()
-	var err error
-	for attempt := 0; attempt < 20; attempt++ {
-		if err = c.start(); err == nil || !logShowsAddrInUse(c.Log) {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	if err != nil {
+	if err := retryAddrInUse(c.Log, c.start); err != nil {
 		c.t.Fatalf("testbed: restart consul at %s: %v", c.Addr, err)
 	}
 	c.t.Logf("testbed: consul restarted at %s after %.1fs", c.Addr, time.Since(t0).Seconds())

@@ -381,15 +381,7 @@ func (k *Kube) Start() {
 		return
 	}
 	t0 := time.Now()
-	var err error
-	// The old listener's port can stay busy for a moment after the process died.
-	for attempt := 0; attempt < 20; attempt++ {
-		if err = k.startAPIServer(); err == nil || !logShowsAddrInUse(k.APIServerLog) {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	if err != nil {
+	if err := retryAddrInUse(k.APIServerLog, k.startAPIServer); err != nil {
 		k.t.Fatalf("testbed: restart kube-apiserver on %s: %v", k.Server, err)
 	}
 	k.t.Logf("testbed: kube-apiserver restarted at %s after %.1fs", k.Server, time.Since(t0).Seconds())

@@ -205,3 +205,17 @@ func freePorts(n int, udp bool) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// retryAddrInUse runs start until it succeeds or fails for another reason
+// than a busy port: the old listener's port can stay busy for a moment
+// after its process died. log is the process's log file.
+func retryAddrInUse(log string, start func() error) error {
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err = start(); err == nil || !logShowsAddrInUse(log) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return err
+}
