@@ -696,10 +696,10 @@ func (x *Block) GetDescription() string {
 type ConfigureRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// config is the block decoded against the plugin's schema, as JSON: an
-	// object with one member per set attribute, and one member per block type
-	// holding an array of objects. A labelled block's object carries its labels
-	// under the member "labels" (an array of strings). Absent attributes are
-	// omitted.
+	// object with one member per attribute (null when unset), and one member
+	// per block type holding an array of objects. A labelled block's object
+	// carries each label as a string member named after the label in the
+	// schema (Block.labels).
 	ConfigJson []byte `protobuf:"bytes,1,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
 	// mesh carries the mesh-wide settings from the host's `mesh { }` block, so
 	// plugins can default to them.
