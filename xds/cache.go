@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -74,14 +76,43 @@ type viewState struct {
 	hostNames [numTypes]map[string][]string
 	byName    [numTypes]map[string]map[*watch]struct{}
 	wildcard  [numTypes]map[*watch]struct{}
+	// names caches the sorted wildcard names of each type (nil: stale);
+	// setVersion counts changes to each type's set, and is the version of
+	// full-state responses, so an ACK of the current set costs nothing.
+	names         [numTypes][]string
+	setVersion    [numTypes]uint64
+	versionPrefix string
 }
+
+// touched records that type t's resources changed.
+func (vs *viewState) touched(t typ) {
+	vs.setVersion[t]++
+	vs.names[t] = nil
+	if t == tCluster {
+		vs.names[tEndpoint] = nil // wildcard EDS names come from the clusters
+	}
+}
+
+// fullVersion is unique to this process, this view and this set: a client
+// reconnecting to a restarted host, or under another view, never matches
+// a set it does not have.
+func (vs *viewState) fullVersion(t typ) string {
+	return vs.versionPrefix + strconv.FormatUint(vs.setVersion[t], 10)
+}
+
+// processNonce distinguishes this process's versions from a previous
+// run's.
+var processNonce = strconv.FormatInt(time.Now().UnixNano(), 36)
+
+// viewSerial numbers views across every cache of the process.
+var viewSerial atomic.Uint64
 
 func (c *Cache) viewLocked(v View) *viewState {
 	vs, ok := c.views[v]
 	if ok {
 		return vs
 	}
-	vs = &viewState{view: v}
+	vs = &viewState{view: v, versionPrefix: processNonce + "." + strconv.FormatUint(viewSerial.Add(1), 36) + "."}
 	for t := range numTypes {
 		vs.res[t] = map[string]*Resource{}
 		vs.hostNames[t] = map[string][]string{}
@@ -135,6 +166,9 @@ func (vs *viewState) replaceHost(t typ, host string, built []*Resource) []string
 	} else {
 		vs.hostNames[t][host] = names
 	}
+	if len(changed) > 0 {
+		vs.touched(t)
+	}
 	return changed
 }
 
@@ -164,17 +198,23 @@ func (c *Cache) resourceLocked(vs *viewState, t typ, name string) *Resource {
 
 // wildcardNames lists what a wildcard subscription receives: every
 // resource of the type; for endpoints, the CLA of every EDS cluster.
+// The list is cached until the type changes; callers must not modify it.
 func (c *Cache) wildcardNames(vs *viewState, t typ) []string {
-	if t != tEndpoint {
-		return slices.Sorted(maps.Keys(vs.res[t]))
+	if vs.names[t] != nil {
+		return vs.names[t]
 	}
-	var names []string
-	for name, r := range vs.res[tCluster] {
-		if _, _, _, ok := parseAnyClusterName(name); ok && isEDS(r) {
-			names = append(names, name)
+	names := []string{}
+	if t != tEndpoint {
+		names = slices.AppendSeq(names, maps.Keys(vs.res[t]))
+	} else {
+		for name, r := range vs.res[tCluster] {
+			if _, _, _, ok := parseAnyClusterName(name); ok && isEDS(r) {
+				names = append(names, name)
+			}
 		}
 	}
 	slices.Sort(names)
+	vs.names[t] = names
 	return names
 }
 
@@ -268,8 +308,12 @@ func (c *Cache) respondLocked(w *watch) bool {
 	if w.wildcard {
 		names = c.wildcardNames(vs, w.t)
 	}
-	returned := w.sub.ReturnedResources()
 	var send []*Resource
+	if w.sotwCh != nil && fullState[w.t] && w.wildcard && w.sotwReq.GetErrorDetail() == nil &&
+		w.sotwReq.GetVersionInfo() == vs.fullVersion(w.t) {
+		return false // the client acknowledged the current set
+	}
+	returned := w.sub.ReturnedResources()
 	if w.sotwCh != nil && fullState[w.t] {
 		// The whole set goes, if anything in it changed or went away.
 		changed := false
@@ -297,7 +341,11 @@ func (c *Cache) respondLocked(w *watch) bool {
 		for _, r := range send {
 			next[r.Name] = r.Version
 		}
-		c.sendSotW(w, send, next)
+		version := ""
+		if w.wildcard {
+			version = vs.fullVersion(w.t)
+		}
+		c.sendSotW(w, send, next, version)
 		return true
 	}
 	for _, n := range names {
@@ -330,18 +378,23 @@ func (c *Cache) respondLocked(w *watch) bool {
 		slices.Sort(removed)
 		c.sendDelta(w, send, removed, next)
 	} else {
-		c.sendSotW(w, send, next)
+		c.sendSotW(w, send, next, "")
 	}
 	return true
 }
 
-func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string) {
+// sendSotW answers a State of the World watch; version, if empty, is a new
+// number.
+func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, version string) {
 	c.version++
+	if version == "" {
+		version = strconv.FormatUint(c.version, 10)
+	}
 	anys := make([]*anypb.Any, len(rs))
 	for i, r := range rs {
 		anys[i] = r.Any
 	}
-	resp := &sotwResponse{req: w.sotwReq, version: strconv.FormatUint(c.version, 10), resources: anys, returned: returned}
+	resp := &sotwResponse{req: w.sotwReq, version: version, resources: anys, returned: returned}
 	if c.onResponse != nil {
 		c.onResponse(w.vs.view, w.t, len(rs))
 	}

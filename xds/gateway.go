@@ -197,6 +197,7 @@ func (c *Cache) buildGatewayLocked(vs *viewState) []string {
 	switch {
 	case r == nil && had:
 		delete(vs.res[tListener], GatewayListenerName)
+		vs.touched(tListener)
 		return []string{GatewayListenerName}
 	case r == nil:
 		return nil
@@ -204,5 +205,6 @@ func (c *Cache) buildGatewayLocked(vs *viewState) []string {
 		return nil
 	}
 	vs.res[tListener][GatewayListenerName] = r
+	vs.touched(tListener)
 	return []string{GatewayListenerName}
 }

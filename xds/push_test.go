@@ -89,3 +89,42 @@ func TestDebounceMergesABurst(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 }
+
+// TestWildcardACKOfTheCurrentSet: a wildcard CDS client that acknowledges
+// the current set is not answered again; one that claims a version from
+// elsewhere (another view, another host process) gets the set.
+func TestWildcardACKOfTheCurrentSet(t *testing.T) {
+	f := newFixture(t)
+	f.populate(3, 1)
+	c := NewCache(&Generator{Agg: f.agg})
+	view := View{Kind: KindEnvoy, Network: "network1"}
+	open := func(version string) (*sotwWatcher, cache.Response) {
+		sub := stream.NewSotwSubscription(nil, true)
+		w := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: nodeFor(view, envoyNode), VersionInfo: version}, sub: &sub, ch: make(chan cache.Response, 1)}
+		w.open(t, c)
+		select {
+		case r := <-w.ch:
+			return w, r
+		default:
+			return w, nil
+		}
+	}
+	_, first := open("")
+	if first == nil || len(first.(*sotwResponse).resources) != 3 {
+		t.Fatalf("first CDS response = %v", first)
+	}
+	if _, again := open(first.GetResponseVersion()); again != nil {
+		t.Errorf("a client holding the current set was sent it again")
+	}
+	other := NewCache(&Generator{Agg: f.agg})
+	sub := stream.NewSotwSubscription(nil, true)
+	w := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: nodeFor(view, envoyNode)}, sub: &sub, ch: make(chan cache.Response, 1)}
+	w.open(t, other)
+	otherVersion := (<-w.ch).GetResponseVersion()
+	if otherVersion == first.GetResponseVersion() {
+		t.Fatalf("two caches issued the same set version %q", otherVersion)
+	}
+	if _, r := open(otherVersion); r == nil {
+		t.Errorf("a client with another cache's version was not sent the set")
+	}
+}
