@@ -8,6 +8,10 @@ ESTUARY   := $(BIN)/estuary
 CONFIG    ?= plugins.hcl
 GOFLAGS   += -buildvcs=false
 export GOFLAGS
+# The repository holds four Go modules: the root (host, plugins, xds), the
+# plugin contract (proto), the SDK plugin authors import (sdk), and a
+# third-party plugin built on the SDK alone (examples/plugin-hello).
+MODULES   := . proto sdk examples/plugin-hello
 
 .PHONY: all build run test test-unit bench proto plugins lint testbed clean
 
@@ -25,11 +29,11 @@ testbed:
 	bash testbed/build.sh
 
 test: testbed
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 40m ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 40m ./...) || exit 1; done
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...
+	for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...) || exit 1; done
 
 proto:
 	protoc --version
@@ -49,13 +53,15 @@ plugins:
 	for p in static kubernetes consul serviceentry; do \
 		$(GO) build -o $(BIN)/plugins/estuary-plugin-$$p ./plugins/$$p/cmd/estuary-plugin-$$p || exit 1; \
 	done
-	$(GO) build -o $(BIN)/plugins/estuary-plugin-hello ./examples/plugin-hello
+	cd examples/plugin-hello && $(GO) build -o $(CURDIR)/$(BIN)/plugins/estuary-plugin-hello .
 	cd $(BIN)/plugins && sha256sum estuary-plugin-* > SHA256SUMS
 
+# staticcheck is pinned as a tool of the root module and run on every
+# module from there, so the SDK's module never requires it.
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
-	$(GO) vet ./...
-	$(GO) tool staticcheck ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	sc="$$($(GO) tool -n staticcheck)" && for m in $(MODULES); do (cd $$m && "$$sc" ./...) || exit 1; done
 
 clean:
 	rm -rf $(BIN)

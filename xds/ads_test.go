@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -279,7 +279,7 @@ func TestPushAnswersOnlyAffectedWatches(t *testing.T) {
 		before[i] = w.responses
 	}
 	f.endpoints(svcHost(7), genEndpoints(2, 7))
-	st := c.Push(registry.Change{Services: map[string]bool{svcHost(7): false}})
+	st := c.Push(replica.Change{Services: map[string]bool{svcHost(7): false}})
 	if st.Total() != 1 {
 		t.Errorf("push answered %d watches, want 1", st.Total())
 	}

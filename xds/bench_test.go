@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -85,7 +85,7 @@ func BenchmarkPushOneChange(b *testing.B) {
 		f.endpoints(svcHost(0), variants[i%2])
 		ws.rearm(b, c)
 		b.StartTimer()
-		st := c.Push(registry.Change{Services: map[string]bool{svcHost(0): false}})
+		st := c.Push(replica.Change{Services: map[string]bool{svcHost(0): false}})
 		if st.Total() != 1 {
 			b.Fatalf("push answered %d watches, want exactly 1", st.Total())
 		}

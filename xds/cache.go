@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 )
 
 // typ indexes the resource types Estuary serves, in the order a push
@@ -432,7 +432,7 @@ func (c *Cache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
 // Endpoint-only changes rebuild CLAs of the affected services; service
 // changes also rebuild their clusters, listeners and routes; a full change
 // rebuilds everything.
-func (c *Cache) Push(change registry.Change) PushStats {
+func (c *Cache) Push(change replica.Change) PushStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var st PushStats

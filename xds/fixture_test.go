@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -20,15 +20,15 @@ import (
 // would feed it.
 type fixture struct {
 	tb    testing.TB
-	store *registry.Store
+	store *replica.Store
 	agg   *aggregate.Registry
-	sess  *registry.Session
+	sess  *replica.Session
 	seq   uint64
 	id    *registryv1.InstanceID
 }
 
 func newFixture(tb testing.TB) *fixture {
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	f := &fixture{tb: tb, store: store, agg: aggregate.New(store, nil), sess: store.NewSession("test"),
 		id: &registryv1.InstanceID{Provider: "Static", Cluster: "cluster1"}}
 	f.apply(true, &registryv1.Event{Instance: f.id, Kind: &registryv1.Event_InstanceAdded{InstanceAdded: &registryv1.InstanceAdded{

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -155,7 +155,7 @@ func GatewayForwards(v View, e *LbEndpoint) bool {
 // accepts, with their weights as they are (no gateway is substituted).
 type gatewayLocal struct{ inner NetworkFilter }
 
-func (f gatewayLocal) EndpointNetwork(k registry.InstanceKey, p sdk.InstanceProperties, addr string) string {
+func (f gatewayLocal) EndpointNetwork(k replica.InstanceKey, p sdk.InstanceProperties, addr string) string {
 	if f.inner == nil {
 		return ""
 	}

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/xds"
@@ -26,15 +26,15 @@ import (
 // gwMesh is a replica with two instances, fed as plugins feed it.
 type gwMesh struct {
 	t     *testing.T
-	store *registry.Store
+	store *replica.Store
 	agg   *aggregate.Registry
-	sess  map[string]*registry.Session
+	sess  map[string]*replica.Session
 	seq   map[string]uint64
 }
 
 func newGWMesh(t *testing.T) *gwMesh {
-	store := registry.NewStore(nil)
-	return &gwMesh{t: t, store: store, agg: aggregate.New(store, nil), sess: map[string]*registry.Session{}, seq: map[string]uint64{}}
+	store := replica.NewStore(nil)
+	return &gwMesh{t: t, store: store, agg: aggregate.New(store, nil), sess: map[string]*replica.Session{}, seq: map[string]uint64{}}
 }
 
 func (m *gwMesh) apply(cluster string, evs ...*registryv1.Event) {
@@ -91,7 +91,7 @@ func gwEP(addr, network, version string, mtls bool) *registryv1.Endpoint {
 // whose registry has no default, on network2.
 type gwNets struct{}
 
-func (gwNets) EndpointNetwork(k registry.InstanceKey, _ sdk.InstanceProperties, _ string) string {
+func (gwNets) EndpointNetwork(k replica.InstanceKey, _ sdk.InstanceProperties, _ string) string {
 	if k.Cluster == "cluster2" {
 		return "network2"
 	}
@@ -241,7 +241,7 @@ func TestGatewayPush(t *testing.T) {
 	const other = "other.default.svc.cluster.local"
 	m.apply("cluster1", gwService(other, registryv1.Resolution_RESOLUTION_STATIC, 7070),
 		gwEndpoints(other, &registryv1.Endpoint{Address: "10.1.5.1", TlsMode: registryv1.TLSMode_TLS_MODE_ISTIO}))
-	c.Push(registry.Change{Services: map[string]bool{other: true}})
+	c.Push(replica.Change{Services: map[string]bool{other: true}})
 	ls := c.Resources(v, resourcev3.ListenerType)
 	if len(ls) != 1 || ls[0].Version == before {
 		t.Fatalf("listener not rebuilt for a new service")
@@ -254,7 +254,7 @@ func TestGatewayPush(t *testing.T) {
 
 	// Endpoints only: 10.1.0.2 goes away.
 	m.apply("cluster1", gwEndpoints(gwEcho, gwEP("10.1.0.1", "", "v1", true), gwEP("10.0.0.7", "network1", "v2", true)))
-	c.Push(registry.Change{Services: map[string]bool{gwEcho: false}})
+	c.Push(replica.Change{Services: map[string]bool{gwEcho: false}})
 	after := claEndpoints(t, c.Resources(v, resourcev3.EndpointType))
 	name := "outbound_.8080_._." + gwEcho
 	if fmt.Sprint(after[name]) != "[10.1.0.1:18080 10.0.0.7:18080]" {

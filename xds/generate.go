@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -67,7 +67,7 @@ func marshalResource(name, typeURL string, m proto.Message) *Resource {
 type NetworkFilter interface {
 	// EndpointNetwork returns the network of an endpoint that carries none
 	// of its own.
-	EndpointNetwork(instance registry.InstanceKey, props sdk.InstanceProperties, address string) string
+	EndpointNetwork(instance replica.InstanceKey, props sdk.InstanceProperties, address string) string
 	// Filter rewrites the locality groups of one CLA for a view.
 	Filter(v View, groups []LocalityGroup) []LocalityGroup
 	// Generation changes whenever networks or gateways change.

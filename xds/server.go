@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 )
 
 // Options configure the server.
@@ -42,7 +42,7 @@ type Server struct {
 	grpc    *grpc.Server
 
 	pendingMu sync.Mutex
-	pending   registry.Change
+	pending   replica.Change
 	firstAt   time.Time // first change of the pending batch
 	lastAt    time.Time // last change of the pending batch
 	wake      chan struct{}
@@ -51,7 +51,7 @@ type Server struct {
 	streams map[int64]*streamInfo
 
 	// onPush, if set, observes every push, for tests.
-	onPush func(PushStats, registry.Change)
+	onPush func(PushStats, replica.Change)
 }
 
 type metrics struct {
@@ -169,7 +169,7 @@ func (s *Server) Stop() {
 // Notify records a change for the next push; the network manager sends a
 // full change when networks or gateways change. It runs on the registry's
 // update path and never blocks.
-func (s *Server) Notify(c registry.Change) {
+func (s *Server) Notify(c replica.Change) {
 	s.pendingMu.Lock()
 	now := time.Now()
 	if s.pending.Empty() {
@@ -211,14 +211,14 @@ func (s *Server) debounce(ctx context.Context) {
 			continue
 		}
 		change, first := s.pending, s.firstAt
-		s.pending = registry.Change{}
+		s.pending = replica.Change{}
 		s.pendingMu.Unlock()
 		s.push(change, first)
 	}
 }
 
 // push sends a change to every affected watch.
-func (s *Server) push(change registry.Change, first time.Time) {
+func (s *Server) push(change replica.Change, first time.Time) {
 	start := time.Now()
 	st := s.cache.Push(change)
 	end := time.Now()
@@ -236,7 +236,7 @@ func (s *Server) push(change registry.Change, first time.Time) {
 }
 
 // PushNow applies a change without debouncing, for tests and benchmarks.
-func (s *Server) PushNow(change registry.Change) PushStats { return s.cache.Push(change) }
+func (s *Server) PushNow(change replica.Change) PushStats { return s.cache.Push(change) }
 
 var typeNames = [numTypes]string{"cds", "eds", "lds", "rds"}
 

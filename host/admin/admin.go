@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/plugin"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/supervisor"
 )
 
 // Server is the admin HTTP server.
@@ -28,7 +28,7 @@ type Server struct {
 	srv    *http.Server
 	logger hclog.Logger
 	agg    *aggregate.Registry
-	sup    *plugin.Supervisor
+	sup    *supervisor.Supervisor
 	// DefaultSyncTimeout applies to instances that declare none.
 	DefaultSyncTimeout time.Duration
 	// Config returns the effective configuration for /debug/configz.
@@ -36,7 +36,7 @@ type Server struct {
 }
 
 // New builds the admin server over the aggregate and the supervisor.
-func New(logger hclog.Logger, gatherer prometheus.Gatherer, agg *aggregate.Registry, sup *plugin.Supervisor) *Server {
+func New(logger hclog.Logger, gatherer prometheus.Gatherer, agg *aggregate.Registry, sup *supervisor.Supervisor) *Server {
 	s := &Server{mux: http.NewServeMux(), logger: logger.Named("admin"), agg: agg, sup: sup, DefaultSyncTimeout: 30 * time.Second}
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	s.mux.HandleFunc("/readyz", s.readyz)
@@ -115,13 +115,13 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 
 // InstanceView is one instance in /debug/registryz.
 type InstanceView struct {
-	registry.Status
+	replica.Status
 	Services []ServiceView `json:"services"`
 }
 
 // ServiceView is one service of an instance in /debug/registryz.
 type ServiceView struct {
-	*registry.Service
+	*replica.Service
 	Endpoints int `json:"endpoints"`
 }
 
@@ -151,7 +151,7 @@ func (s *Server) registryz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) syncz(w http.ResponseWriter, _ *http.Request) {
-	out := []registry.Status{}
+	out := []replica.Status{}
 	for _, in := range s.agg.Store().Instances() {
 		out = append(out, in.Status())
 	}
@@ -164,8 +164,8 @@ func (s *Server) pluginz(w http.ResponseWriter, _ *http.Request) {
 
 // EndpointView is one endpoint in /debug/endpointz.
 type EndpointView struct {
-	registry.Endpoint
-	Instance registry.InstanceKey `json:"instance"`
+	replica.Endpoint
+	Instance replica.InstanceKey `json:"instance"`
 }
 
 func (s *Server) endpointz(w http.ResponseWriter, r *http.Request) {
@@ -180,8 +180,8 @@ func (s *Server) endpointz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	type perInstance struct {
-		Instance  registry.InstanceKey `json:"instance"`
-		Endpoints []registry.Endpoint  `json:"endpoints"`
+		Instance  replica.InstanceKey `json:"instance"`
+		Endpoints []replica.Endpoint  `json:"endpoints"`
 	}
 	out := struct {
 		Service    *aggregate.Service `json:"service"`

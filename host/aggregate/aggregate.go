@@ -19,7 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -30,30 +30,30 @@ type Service struct {
 	// cluster over all instances.
 	*sdk.Service
 	// Instances are the instances that report the service, in order.
-	Instances []registry.InstanceKey
+	Instances []replica.InstanceKey
 	// Conflicts records where later instances disagree with the first.
 	Conflicts []Conflict
 }
 
 // Conflict is a disagreement between instances about a service.
 type Conflict struct {
-	Hostname string               `json:"hostname"`
-	Field    string               `json:"field"`
-	Winner   registry.InstanceKey `json:"winner"`
-	Loser    registry.InstanceKey `json:"loser"`
-	Detail   string               `json:"detail"`
+	Hostname string              `json:"hostname"`
+	Field    string              `json:"field"`
+	Winner   replica.InstanceKey `json:"winner"`
+	Loser    replica.InstanceKey `json:"loser"`
+	Detail   string              `json:"detail"`
 }
 
 // EndpointSource is one instance's endpoints of a service.
 type EndpointSource struct {
-	Instance   *registry.Instance
+	Instance   *replica.Instance
 	Properties sdk.InstanceProperties
-	Set        *registry.EndpointSet
+	Set        *replica.EndpointSet
 }
 
-// Registry is the aggregate view over a registry.Store.
+// Registry is the aggregate view over a replica.Store.
 type Registry struct {
-	store *registry.Store
+	store *replica.Store
 
 	mu     sync.Mutex
 	merged map[string]*Service // cache; a missing entry is recomputed
@@ -68,13 +68,13 @@ type Registry struct {
 	versions   map[string]uint64
 
 	subsMu sync.Mutex
-	subs   []func(registry.Change)
+	subs   []func(replica.Change)
 
 	conflicts prometheus.Gauge
 }
 
 // New builds the aggregate over store and follows its changes.
-func New(store *registry.Store, reg prometheus.Registerer) *Registry {
+func New(store *replica.Store, reg prometheus.Registerer) *Registry {
 	r := &Registry{
 		store:    store,
 		merged:   map[string]*Service{},
@@ -93,13 +93,13 @@ func New(store *registry.Store, reg prometheus.Registerer) *Registry {
 
 // Subscribe registers fn for every change, after the aggregate's own view
 // has been updated.
-func (r *Registry) Subscribe(fn func(registry.Change)) {
+func (r *Registry) Subscribe(fn func(replica.Change)) {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
 	r.subs = append(r.subs, fn)
 }
 
-func (r *Registry) onChange(c registry.Change) {
+func (r *Registry) onChange(c replica.Change) {
 	r.versionsMu.Lock()
 	r.counter++
 	if c.Full {
@@ -140,7 +140,7 @@ func (r *Registry) HostVersion(hostname string) uint64 {
 }
 
 // Store returns the underlying replica.
-func (r *Registry) Store() *registry.Store { return r.store }
+func (r *Registry) Store() *replica.Store { return r.store }
 
 // Services returns every merged service, sorted by hostname.
 func (r *Registry) Services() []*Service {
@@ -170,7 +170,7 @@ func (r *Registry) GetService(hostname string) *Service {
 	return r.service(hostname, nil)
 }
 
-func (r *Registry) service(hostname string, instances []*registry.Instance) *Service {
+func (r *Registry) service(hostname string, instances []*replica.Instance) *Service {
 	r.mu.Lock()
 	s, ok := r.merged[hostname]
 	gen := r.gen
@@ -193,7 +193,7 @@ func (r *Registry) service(hostname string, instances []*registry.Instance) *Ser
 	return s
 }
 
-func merge(hostname string, instances []*registry.Instance) *Service {
+func merge(hostname string, instances []*replica.Instance) *Service {
 	var out *Service
 	for _, in := range instances {
 		svc := in.Service(hostname)
@@ -205,7 +205,7 @@ func merge(hostname string, instances []*registry.Instance) *Service {
 			cp.VIPs = cloneAddrs(svc.VIPs)
 			cp.ExternalAddresses = cloneAddrs(svc.ExternalAddresses)
 			cp.NodePorts = maps.Clone(svc.NodePorts)
-			out = &Service{Service: &cp, Instances: []registry.InstanceKey{in.Key}}
+			out = &Service{Service: &cp, Instances: []replica.InstanceKey{in.Key}}
 			continue
 		}
 		out.Instances = append(out.Instances, in.Key)
@@ -284,8 +284,8 @@ func (r *Registry) AppendEndpointSources(dst []EndpointSource, hostname string) 
 
 // ServiceEndpoint is one endpoint of one service port.
 type ServiceEndpoint struct {
-	Instance registry.InstanceKey
-	Endpoint *registry.Endpoint
+	Instance replica.InstanceKey
+	Endpoint *replica.Endpoint
 	// Port is the port the endpoint listens on for the service port.
 	Port uint32
 }
@@ -336,8 +336,8 @@ func findPort(ports []sdk.Port, number uint32) (sdk.Port, bool) {
 type ServiceInstance struct {
 	Hostname string
 	Port     sdk.Port
-	Instance registry.InstanceKey
-	Endpoint *registry.Endpoint
+	Instance replica.InstanceKey
+	Endpoint *replica.Endpoint
 }
 
 // ServiceInstances returns the service ports served at any of the proxy's

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -62,7 +62,7 @@ func (in *inst) events() []*registryv1.Event {
 
 // load feeds each plugin's instances to the store as one snapshot, plugins
 // in the order they first appear.
-func load(t *testing.T, store *registry.Store, instances ...*inst) {
+func load(t *testing.T, store *replica.Store, instances ...*inst) {
 	t.Helper()
 	var plugins []string
 	byPlugin := map[string][]*registryv1.Event{}
@@ -200,7 +200,7 @@ func TestMerge(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			store := registry.NewStore(nil)
+			store := replica.NewStore(nil)
 			agg := aggregate.New(store, nil)
 			load(t, store, tt.instances...)
 			if tt.order != nil {
@@ -266,10 +266,10 @@ func TestMerge(t *testing.T) {
 // with it, even though the merged service was cached.
 func TestUnmerge(t *testing.T) {
 	http := []*registryv1.Port{port("http", 80)}
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
-	var pushes []registry.Change
-	agg.Subscribe(func(c registry.Change) { pushes = append(pushes, c) })
+	var pushes []replica.Change
+	agg.Subscribe(func(c replica.Change) { pushes = append(pushes, c) })
 	c1 := kube("c1", "10.96.0.10", http, ep("10.0.0.1", nil, nil))
 	c2 := kube("c2", "10.97.0.10", http, ep("10.1.0.1", nil, nil))
 	sess := store.NewSession("kubernetes")
@@ -332,7 +332,7 @@ func TestUnmerge(t *testing.T) {
 func TestServiceInstances(t *testing.T) {
 	http := port("http", 80)
 	grpc := port("grpc", 9090)
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
 	both := func(addr string) map[string][]*registryv1.Endpoint {
 		return map[string][]*registryv1.Endpoint{echo: {ep(addr, nil, nil), ep("10.9.9.9", nil, nil)}}
@@ -381,7 +381,7 @@ func TestServiceInstances(t *testing.T) {
 }
 
 func TestEndpointsFilter(t *testing.T) {
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
 	v1 := map[string]string{"app": "echo", "version": "v1"}
 	v2 := map[string]string{"app": "echo", "version": "v2"}
@@ -425,7 +425,7 @@ func TestEndpointsFilter(t *testing.T) {
 }
 
 func TestNetworkGateways(t *testing.T) {
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
 	gw := func(network, addr string) *registryv1.NetworkGateway {
 		return &registryv1.NetworkGateway{Network: network, Cluster: "c1", Address: addr, Port: 15443}
@@ -447,7 +447,7 @@ func TestNetworkGateways(t *testing.T) {
 // deletes and re-adds the service: a reader that saw the endpoints must
 // cope with the service being gone by the time it looks it up.
 func TestServiceInstancesDuringChurn(t *testing.T) {
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
 	c1 := kube("c1", "10.96.0.10", []*registryv1.Port{port("http", 80)}, ep("10.0.0.5", nil, nil))
 	sess := store.NewSession(c1.plugin)

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/xds"
 )
@@ -75,13 +75,13 @@ func (m *Manager) Status() Status {
 // EndpointOrigin is where one endpoint comes from and which rule decided
 // its network.
 type EndpointOrigin struct {
-	Hostname        string               `json:"hostname,omitempty"`
-	Instance        registry.InstanceKey `json:"instance"`
-	Address         string               `json:"address"`
-	OwnNetwork      string               `json:"own_network,omitempty"`
-	RegistryDefault string               `json:"registry_default,omitempty"`
-	Network         string               `json:"network"`
-	Rule            Rule                 `json:"rule"`
+	Hostname        string              `json:"hostname,omitempty"`
+	Instance        replica.InstanceKey `json:"instance"`
+	Address         string              `json:"address"`
+	OwnNetwork      string              `json:"own_network,omitempty"`
+	RegistryDefault string              `json:"registry_default,omitempty"`
+	Network         string              `json:"network"`
+	Rule            Rule                `json:"rule"`
 }
 
 // EndpointNetworks finds every endpoint with the address, in every
@@ -130,16 +130,16 @@ type Explanation struct {
 
 // ExplainedEndpoint is one registry endpoint.
 type ExplainedEndpoint struct {
-	Endpoint string               `json:"endpoint"`
-	Locality string               `json:"locality"`
-	Instance registry.InstanceKey `json:"instance"`
-	Cluster  string               `json:"cluster"`
-	Network  string               `json:"network"`
-	Rule     Rule                 `json:"rule"`
-	TLSMode  string               `json:"tls_mode"`
-	Weight   uint32               `json:"weight"`
-	Scaled   uint32               `json:"scaled_weight"`
-	Decision Decision             `json:"decision"`
+	Endpoint string              `json:"endpoint"`
+	Locality string              `json:"locality"`
+	Instance replica.InstanceKey `json:"instance"`
+	Cluster  string              `json:"cluster"`
+	Network  string              `json:"network"`
+	Rule     Rule                `json:"rule"`
+	TLSMode  string              `json:"tls_mode"`
+	Weight   uint32              `json:"weight"`
+	Scaled   uint32              `json:"scaled_weight"`
+	Decision Decision            `json:"decision"`
 	// Gateways replaced it, each receiving Share.
 	Gateways   []string `json:"gateways,omitempty"`
 	Share      uint32   `json:"share,omitempty"`
@@ -166,7 +166,7 @@ type explainFilter struct {
 	input []xds.LocalityGroup
 }
 
-func (f *explainFilter) EndpointNetwork(k registry.InstanceKey, p sdk.InstanceProperties, addr string) string {
+func (f *explainFilter) EndpointNetwork(k replica.InstanceKey, p sdk.InstanceProperties, addr string) string {
 	n, _ := f.s.endpointNetwork(k.Cluster, addr)
 	return n
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/network"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -22,15 +22,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // protocol messages in.
 type world struct {
 	tb    testing.TB
-	store *registry.Store
+	store *replica.Store
 	agg   *aggregate.Registry
-	sess  map[string]*registry.Session
+	sess  map[string]*replica.Session
 	seq   map[string]uint64
 }
 
 func newWorld(tb testing.TB) *world {
-	store := registry.NewStore(nil)
-	return &world{tb: tb, store: store, agg: aggregate.New(store, nil), sess: map[string]*registry.Session{}, seq: map[string]uint64{}}
+	store := replica.NewStore(nil)
+	return &world{tb: tb, store: store, agg: aggregate.New(store, nil), sess: map[string]*replica.Session{}, seq: map[string]uint64{}}
 }
 
 // instance describes one instance of a plugin.

@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/xds"
 )
@@ -155,7 +155,7 @@ func (m *Manager) Apply(cfg *Config) {
 // onRegistryChange recomputes gateways when registries may have changed
 // theirs: on a full change (instances or reported gateways changed) or a
 // change of a service that a registry_service_name names.
-func (m *Manager) onRegistryChange(c registry.Change) {
+func (m *Manager) onRegistryChange(c replica.Change) {
 	if !c.Full {
 		m.mu.Lock()
 		hit := false
@@ -359,7 +359,7 @@ type gatewayAddress struct{ address, kind string }
 // addresses there (LoadBalancer ingress, externalIPs), which are what other
 // networks can reach; only when it has none, its VIPs there, which is how
 // registries without load balancers (static, Consul) publish a gateway.
-func serviceGatewayAddresses(instances []*registry.Instance, cluster, hostname string) []gatewayAddress {
+func serviceGatewayAddresses(instances []*replica.Instance, cluster, hostname string) []gatewayAddress {
 	hostname = strings.TrimSuffix(hostname, ".")
 	var out []gatewayAddress
 	for _, in := range instances {
@@ -492,7 +492,7 @@ func (r *Rule) UnmarshalText(b []byte) error {
 // Resolve returns an endpoint's network and the rule that decided it. The
 // xDS generator applies rules 1 and 2 itself and asks EndpointNetwork for
 // the rest; Resolve is the same order in one place, for debug views.
-func (m *Manager) Resolve(instance registry.InstanceKey, props sdk.InstanceProperties, ownNetwork, address string) (string, Rule) {
+func (m *Manager) Resolve(instance replica.InstanceKey, props sdk.InstanceProperties, ownNetwork, address string) (string, Rule) {
 	if ownNetwork != "" {
 		return ownNetwork, RuleEndpoint
 	}
@@ -504,7 +504,7 @@ func (m *Manager) Resolve(instance registry.InstanceKey, props sdk.InstancePrope
 
 // EndpointNetwork applies rules 3 and 4 to an endpoint that carries no
 // network of its own and whose registry has no default.
-func (m *Manager) EndpointNetwork(instance registry.InstanceKey, _ sdk.InstanceProperties, address string) string {
+func (m *Manager) EndpointNetwork(instance replica.InstanceKey, _ sdk.InstanceProperties, address string) string {
 	n, _ := m.snap.Load().endpointNetwork(instance.Cluster, address)
 	return n
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/estuary-mesh/estuary/host/network"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/xds"
@@ -84,12 +84,12 @@ func TestEndpointNetworkPrecedence(t *testing.T) {
     endpoints { from_cidr = "10.0.0.0/8" }
   }
 `))
-	key := func(plugin, cluster string) registry.InstanceKey {
-		return registry.InstanceKey{Plugin: plugin, Provider: "Static", Cluster: cluster}
+	key := func(plugin, cluster string) replica.InstanceKey {
+		return replica.InstanceKey{Plugin: plugin, Provider: "Static", Cluster: cluster}
 	}
 	tests := []struct {
 		name              string
-		key               registry.InstanceKey
+		key               replica.InstanceKey
 		def, own, address string
 		want              string
 		rule              network.Rule

@@ -13,14 +13,14 @@ import (
 	"fmt"
 	"os"
 
-	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
+	"github.com/estuary-mesh/estuary/host/supervisor"
 	"github.com/estuary-mesh/estuary/plugins/bundled"
 )
 
 // Version of the estuary binary.
 var Version = "0.1.0-dev"
 
-var catalog = hostplugin.Catalog(bundled.Factories)
+var catalog = supervisor.Catalog(bundled.Factories)
 
 func main() {
 	os.Exit(run(os.Args[1:]))

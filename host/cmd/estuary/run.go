@@ -18,8 +18,8 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/network"
-	hostplugin "github.com/estuary-mesh/estuary/host/plugin"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/supervisor"
 	"github.com/estuary-mesh/estuary/xds"
 )
 
@@ -46,12 +46,12 @@ func runHost(args []string) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	store := registry.NewStore(reg)
+	store := replica.NewStore(reg)
 	agg := aggregate.New(store, reg)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sup := hostplugin.NewSupervisor(ctx, hostplugin.Options{Self: self}, logger, store, reg)
+	sup := supervisor.NewSupervisor(ctx, supervisor.Options{Self: self}, logger, store, reg)
 	adm := admin.New(logger, reg, agg, sup)
 
 	var mu sync.Mutex
@@ -68,7 +68,7 @@ func runHost(args []string) int {
 	netCfg, _ := loadNetworks(file) // load validated it
 	nets.Apply(netCfg)
 	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nets, logger, reg)
-	nets.OnChange(func() { xs.Notify(registry.Change{Full: true}) })
+	nets.OnChange(func() { xs.Notify(replica.Change{Full: true}) })
 	nets.NodeView, nets.Received = xs.NodeView, xs.EndpointRows
 	go nets.Run(ctx)
 	adm.Handle("/debug/networkz", nets.Handler())

@@ -1,4 +1,4 @@
-package plugin
+package supervisor
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/estuary-mesh/estuary/host/config"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 )
 
 // newTestSupervisor runs a supervisor with short backoffs.
-func newTestSupervisor(t *testing.T) (*Supervisor, *registry.Store) {
+func newTestSupervisor(t *testing.T) (*Supervisor, *replica.Store) {
 	t.Helper()
-	store := registry.NewStore(nil)
+	store := replica.NewStore(nil)
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testLogWriter{t}})
 	ctx, cancel := context.WithCancel(context.Background())
 	sup := NewSupervisor(ctx, Options{BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, CrashLoopAfter: 3}, logger, store, nil)
@@ -127,7 +127,7 @@ func TestCrashLoopBacksOffAndSparesOthers(t *testing.T) {
 	if gst.Restarts != 0 {
 		t.Errorf("the healthy plugin restarted %d times", gst.Restarts)
 	}
-	in := store.Instance(registry.InstanceKey{Plugin: "good", Provider: "Test", Cluster: "c1"})
+	in := store.Instance(replica.InstanceKey{Plugin: "good", Provider: "Test", Cluster: "c1"})
 	if in == nil || in.Service("ok.test") == nil {
 		t.Fatalf("the healthy plugin's instance is missing")
 	}
@@ -166,7 +166,7 @@ func TestReloadStartsStopsAndReconfigures(t *testing.T) {
 	sup, store := newTestSupervisor(t)
 	a := selfPlugin(t, "a", "ok", "port = 81\n")
 	sup.Apply(&config.File{Plugins: []*config.Plugin{a}})
-	keyA := registry.InstanceKey{Plugin: "a", Provider: "Test", Cluster: "c1"}
+	keyA := replica.InstanceKey{Plugin: "a", Provider: "Test", Cluster: "c1"}
 	waitPort(t, store, keyA, 81)
 	first := waitStatus(t, sup, "a", "running", func(s Status) bool { return s.State == StateRunning })
 
@@ -198,7 +198,7 @@ func TestReloadStartsStopsAndReconfigures(t *testing.T) {
 	}
 }
 
-func waitPort(t *testing.T, store *registry.Store, key registry.InstanceKey, port uint32) {
+func waitPort(t *testing.T, store *replica.Store, key replica.InstanceKey, port uint32) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {

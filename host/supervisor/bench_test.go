@@ -1,4 +1,4 @@
-package plugin
+package supervisor
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	goplugin "github.com/hashicorp/go-plugin"
 
 	"github.com/estuary-mesh/estuary/host/config"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -33,7 +33,7 @@ func BenchmarkBoundaryThroughput(b *testing.B) {
 		p := selfPlugin(b, "bench", "bench", body)
 		var total time.Duration
 		for b.Loop() {
-			store := registry.NewStore(nil)
+			store := replica.NewStore(nil)
 			clock := newApplyClock(store, benchBatches*benchBatchSize)
 			sup := NewSupervisor(context.Background(), Options{}, hclog.NewNullLogger(), store, nil)
 			if diags := sup.Apply(&config.File{Plugins: []*config.Plugin{p}}); diags.HasErrors() {
@@ -47,7 +47,7 @@ func BenchmarkBoundaryThroughput(b *testing.B) {
 	b.Run("in-process", func(b *testing.B) {
 		var total time.Duration
 		for b.Loop() {
-			store := registry.NewStore(nil)
+			store := replica.NewStore(nil)
 			clock := newApplyClock(store, benchBatches*benchBatchSize)
 			ctx, cancel := context.WithCancel(context.Background())
 			rc, _, err := sdk.ServeTest(ctx, benchFactory, nil)
@@ -107,9 +107,9 @@ type applyClock struct {
 	done        chan struct{}
 }
 
-func newApplyClock(store *registry.Store, want uint64) *applyClock {
+func newApplyClock(store *replica.Store, want uint64) *applyClock {
 	c := &applyClock{done: make(chan struct{})}
-	store.Subscribe(func(registry.Change) {
+	store.Subscribe(func(replica.Change) {
 		n := store.EndpointUpdates()
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -9,7 +9,7 @@
 // carry equal labels share one label map. An endpoint set is
 // immutable once published, so readers take a pointer and read it without
 // locks.
-package registry
+package replica
 
 import (
 	"maps"

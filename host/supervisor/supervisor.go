@@ -1,4 +1,4 @@
-package plugin
+package supervisor
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/estuary-mesh/estuary/host/config"
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 )
 
 // Options tune the supervisor. Zero values take the defaults.
@@ -59,7 +59,7 @@ func (o *Options) defaults() {
 type Supervisor struct {
 	opts    Options
 	logger  hclog.Logger
-	store   *registry.Store
+	store   *replica.Store
 	metrics *metrics
 
 	mu      sync.Mutex
@@ -75,7 +75,7 @@ type metrics struct {
 }
 
 // NewSupervisor returns a supervisor that streams into store.
-func NewSupervisor(ctx context.Context, opts Options, logger hclog.Logger, store *registry.Store, reg prometheus.Registerer) *Supervisor {
+func NewSupervisor(ctx context.Context, opts Options, logger hclog.Logger, store *replica.Store, reg prometheus.Registerer) *Supervisor {
 	opts.defaults()
 	m := &metrics{
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -1,4 +1,4 @@
-package registry_test
+package replica_test
 
 import (
 	"maps"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/estuary-mesh/estuary/host/registry"
+	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -72,11 +72,11 @@ func health(cluster string, ok bool, msg string) *registryv1.Event {
 
 // stream numbers responses and applies them to one session.
 type stream struct {
-	sess *registry.Session
+	sess *replica.Session
 	seq  uint64
 }
 
-func connect(s *registry.Store, plugin string) *stream { return &stream{sess: s.NewSession(plugin)} }
+func connect(s *replica.Store, plugin string) *stream { return &stream{sess: s.NewSession(plugin)} }
 
 func (st *stream) send(snapshot, done bool, evs ...*registryv1.Event) error {
 	st.seq++
@@ -98,11 +98,11 @@ func (st *stream) delta(t *testing.T, evs ...*registryv1.Event) {
 	}
 }
 
-func key(plugin, cluster string) registry.InstanceKey {
-	return registry.InstanceKey{Plugin: plugin, Provider: "Static", Cluster: cluster}
+func key(plugin, cluster string) replica.InstanceKey {
+	return replica.InstanceKey{Plugin: plugin, Provider: "Static", Cluster: cluster}
 }
 
-func addrs(set *registry.EndpointSet) string {
+func addrs(set *replica.EndpointSet) string {
 	if set == nil {
 		return "<nil>"
 	}
@@ -113,7 +113,7 @@ func addrs(set *registry.EndpointSet) string {
 	return strings.Join(out, " ")
 }
 
-func hostnames(in *registry.Instance) []string {
+func hostnames(in *replica.Instance) []string {
 	var out []string
 	for _, s := range in.Services() {
 		out = append(out, s.Hostname)
@@ -122,7 +122,7 @@ func hostnames(in *registry.Instance) []string {
 }
 
 func TestSnapshotBuildsInstances(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	st := connect(s, "static")
 	st.snapshot(t, false,
 		added("c1", &registryv1.InstanceProperties{ClusterScoped: true, DefaultNetwork: "n1", SyncTimeoutMillis: 1500}),
@@ -174,11 +174,11 @@ func TestSnapshotBuildsInstances(t *testing.T) {
 	if c2 == nil || c2.Status().Synced {
 		t.Errorf("c2 = %v, want present and not synced", c2)
 	}
-	var keys []registry.InstanceKey
+	var keys []replica.InstanceKey
 	for _, in := range s.Instances() {
 		keys = append(keys, in.Key)
 	}
-	if !slices.Equal(keys, []registry.InstanceKey{key("static", "c1"), key("static", "c2")}) {
+	if !slices.Equal(keys, []replica.InstanceKey{key("static", "c1"), key("static", "c2")}) {
 		t.Errorf("instances = %v", keys)
 	}
 }
@@ -225,7 +225,7 @@ func TestProtocolViolations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.run(connect(registry.NewStore(nil), "static"))
+			err := tt.run(connect(replica.NewStore(nil), "static"))
 			if err == nil || err.Error() != tt.want {
 				t.Errorf("err = %v, want %q", err, tt.want)
 			}
@@ -237,11 +237,11 @@ func TestProtocolViolations(t *testing.T) {
 // does: the old state is served, marked stale, until the instance syncs;
 // then the new snapshot replaces it wholesale.
 func TestReconnectKeepsServing(t *testing.T) {
-	s := registry.NewStore(nil)
-	var changes []registry.Change
+	s := replica.NewStore(nil)
+	var changes []replica.Change
 	var mu sync.Mutex
-	s.Subscribe(func(c registry.Change) { mu.Lock(); changes = append(changes, c); mu.Unlock() })
-	takeChanges := func() []registry.Change {
+	s.Subscribe(func(c replica.Change) { mu.Lock(); changes = append(changes, c); mu.Unlock() })
+	takeChanges := func() []replica.Change {
 		mu.Lock()
 		defer mu.Unlock()
 		out := changes
@@ -326,7 +326,7 @@ func TestReconnectKeepsServing(t *testing.T) {
 // TestReconnectSyncedInSnapshot: a plugin whose instance is already synced
 // says so inside the snapshot (as sdk.State does); the swap happens there.
 func TestReconnectSyncedInSnapshot(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	connect(s, "static").snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), synced("c1"))
 	s.Disconnected("static")
 	st := connect(s, "static")
@@ -343,7 +343,7 @@ func TestReconnectSyncedInSnapshot(t *testing.T) {
 // TestDisconnectDropsHalfSnapshot: a stream that breaks mid-resync leaves
 // the last-known state in place, and the next stream starts over.
 func TestDisconnectDropsHalfSnapshot(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	connect(s, "static").snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), synced("c1"))
 	s.Disconnected("static")
 	connect(s, "static").snapshot(t, false, added("c1", nil), upsert("c1", "z.example.com", 80))
@@ -363,7 +363,7 @@ func TestDisconnectDropsHalfSnapshot(t *testing.T) {
 // TestPluginsDoNotOverwrite: two plugins reporting the same Provider and
 // Cluster are two instances; one plugin's snapshot leaves the other alone.
 func TestPluginsDoNotOverwrite(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	connect(s, "east").snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), synced("c1"))
 	connect(s, "west").snapshot(t, true, added("c1", nil), upsert("c1", "b.example.com", 80), synced("c1"))
 	connect(s, "west").snapshot(t, true) // west restarts with nothing
@@ -380,7 +380,7 @@ func TestPluginsDoNotOverwrite(t *testing.T) {
 }
 
 func TestInstanceOrder(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	connect(s, "b").snapshot(t, true, added("c2", nil), added("c1", nil))
 	connect(s, "a").snapshot(t, true, added("c3", nil))
 	connect(s, "z").snapshot(t, true, added("c4", nil))
@@ -405,7 +405,7 @@ func TestInstanceOrder(t *testing.T) {
 // TestSharedSets checks that label and port sets sent once per message are
 // resolved for each endpoint that refers to them, and shared.
 func TestSharedSets(t *testing.T) {
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	m := &registryv1.EndpointsReplaced{
 		Hostname: "a.example.com",
 		LabelSets: []*registryv1.StringMap{
@@ -472,7 +472,7 @@ func TestStringsInterned(t *testing.T) {
 		ep("10.0.0.3", "network2", "r/z2"), ep("10.0.0.4", "network1", "r/z1"),
 	}}
 	b := &registryv1.EndpointsReplaced{Hostname: "b.example.com", Endpoints: []*registryv1.Endpoint{ep("10.0.1.1", "network1", "r/z2")}}
-	s := registry.NewStore(nil)
+	s := replica.NewStore(nil)
 	connect(s, "static").snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), upsert("c1", "b.example.com", 80), replaced("c1", a))
 	connect(s, "other").snapshot(t, true, added("c1", nil), upsert("c1", "b.example.com", 80), replaced("c1", b))
 	ea := s.Instance(key("static", "c1")).Endpoints("a.example.com").Endpoints
@@ -497,13 +497,13 @@ func TestStringsInterned(t *testing.T) {
 
 // TestChanges checks what each event tells the store's subscribers.
 func TestChanges(t *testing.T) {
-	svcOnly := func(h string, attrs bool) registry.Change {
-		return registry.Change{Services: map[string]bool{h: attrs}}
+	svcOnly := func(h string, attrs bool) replica.Change {
+		return replica.Change{Services: map[string]bool{h: attrs}}
 	}
 	tests := []struct {
 		name string
 		evs  []*registryv1.Event
-		want *registry.Change // nil: nothing published
+		want *replica.Change // nil: nothing published
 	}{
 		{"endpoints only", []*registryv1.Event{endpoints("c1", "a.example.com", "10.0.0.2")}, new(svcOnly("a.example.com", false))},
 		{"service upserted", []*registryv1.Event{upsert("c1", "a.example.com", 81)}, new(svcOnly("a.example.com", true))},
@@ -512,21 +512,21 @@ func TestChanges(t *testing.T) {
 		{"new service", []*registryv1.Event{upsert("c1", "n.example.com", 80)}, new(svcOnly("n.example.com", true))},
 		{"service deleted", []*registryv1.Event{deleted("c1", "a.example.com")}, new(svcOnly("a.example.com", true))},
 		{"unknown service deleted", []*registryv1.Event{deleted("c1", "nope.example.com")}, nil},
-		{"gateways", []*registryv1.Event{gateways("c1", "2.2.2.2")}, &registry.Change{Full: true}},
-		{"new instance", []*registryv1.Event{added("c2", nil)}, &registry.Change{Full: true}},
-		{"properties changed", []*registryv1.Event{added("c1", &registryv1.InstanceProperties{ClusterScoped: true})}, &registry.Change{Full: true}},
+		{"gateways", []*registryv1.Event{gateways("c1", "2.2.2.2")}, &replica.Change{Full: true}},
+		{"new instance", []*registryv1.Event{added("c2", nil)}, &replica.Change{Full: true}},
+		{"properties changed", []*registryv1.Event{added("c1", &registryv1.InstanceProperties{ClusterScoped: true})}, &replica.Change{Full: true}},
 		{"same properties", []*registryv1.Event{added("c1", nil)}, nil},
-		{"instance removed", []*registryv1.Event{removed("c1")}, &registry.Change{Full: true}},
+		{"instance removed", []*registryv1.Event{removed("c1")}, &replica.Change{Full: true}},
 		{"health", []*registryv1.Event{health("c1", false, "down")}, nil},
 		{"synced again", []*registryv1.Event{synced("c1")}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := registry.NewStore(nil)
+			s := replica.NewStore(nil)
 			st := connect(s, "static")
 			st.snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), endpoints("c1", "a.example.com", "10.0.0.1"), synced("c1"))
-			var got []registry.Change
-			s.Subscribe(func(c registry.Change) { got = append(got, c) })
+			var got []replica.Change
+			s.Subscribe(func(c replica.Change) { got = append(got, c) })
 			st.delta(t, tt.evs...)
 			switch {
 			case tt.want == nil && len(got) != 0:
@@ -539,16 +539,16 @@ func TestChanges(t *testing.T) {
 }
 
 func TestChangeMerge(t *testing.T) {
-	var c registry.Change
+	var c replica.Change
 	if !c.Empty() {
 		t.Errorf("zero Change not empty")
 	}
-	c.Merge(registry.Change{Services: map[string]bool{"a": false, "b": true}})
-	c.Merge(registry.Change{Services: map[string]bool{"a": true, "b": false, "c": false}})
+	c.Merge(replica.Change{Services: map[string]bool{"a": false, "b": true}})
+	c.Merge(replica.Change{Services: map[string]bool{"a": true, "b": false, "c": false}})
 	if want := map[string]bool{"a": true, "b": true, "c": false}; !maps.Equal(c.Services, want) || c.Full {
 		t.Errorf("merged = %+v, want %v", c, want)
 	}
-	c.Merge(registry.Change{Full: true})
+	c.Merge(replica.Change{Full: true})
 	if !c.Full || c.Empty() {
 		t.Errorf("Full lost in merge: %+v", c)
 	}
@@ -556,7 +556,7 @@ func TestChangeMerge(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := registry.NewStore(reg)
+	s := replica.NewStore(reg)
 	st := connect(s, "static")
 	st.snapshot(t, true, added("c1", nil), added("c2", nil), upsert("c1", "a.example.com", 80),
 		endpoints("c1", "a.example.com", "10.0.0.1", "10.0.0.2", "10.0.0.3"))

@@ -4,7 +4,7 @@
 // AutoMTLS, forwards the plugin's logs, streams its state into the host's
 // replica, and restarts it with backoff when it dies. While a plugin is
 // down its instances keep serving their last-known state.
-package plugin
+package supervisor
 
 import (
 	"context"
