@@ -284,6 +284,13 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+// TestListenOnPortZeroTwice: xds and admin may both ask for a free port.
+func TestListenOnPortZeroTwice(t *testing.T) {
+	if _, diags := parse(t, "xds { listen = \"127.0.0.1:0\" }\nadmin { listen = \"127.0.0.1:0\" }\n"); diags != "" {
+		t.Error(diags)
+	}
+}
+
 func TestParseSettings(t *testing.T) {
 	f, diags := parse(t, `
 mesh {
