@@ -29,17 +29,28 @@ import (
 func startServer(t *testing.T, f *fixture) (*Server, *prometheus.Registry, string) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	s := New(Options{Listen: "127.0.0.1:0"}, f.agg, nil, hclog.NewNullLogger(), reg)
-	ctx, cancel := context.WithCancel(context.Background())
-	addr, err := s.Start(ctx)
+	s := New(Options{Listen: "127.0.0.1:0"}, f.agg, nil, f.agg, hclog.NewNullLogger(), reg)
+	return s, reg, serve(t, s)
+}
+
+// serve runs s until the test ends and returns the address it serves on.
+// The test fails if Run does not end cleanly when its context does.
+func serve(tb testing.TB, s *Server) string {
+	tb.Helper()
+	addr, err := s.Listen()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() {
-		s.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	tb.Cleanup(func() {
 		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("Run after its context ended: %v", err)
+		}
 	})
-	return s, reg, addr.String()
+	return addr.String()
 }
 
 func adsClient(t *testing.T, addr string) discoveryv3.AggregatedDiscoveryServiceClient {

@@ -33,14 +33,10 @@ func BenchmarkConvergence(b *testing.B) {
 func benchConvergence(b *testing.B, clients, services, perService int) {
 	f := newFixture(b)
 	f.populate(services, perService)
-	s := New(Options{Listen: "127.0.0.1:0"}, f.agg, nil, hclog.NewNullLogger(), nil)
+	s := New(Options{Listen: "127.0.0.1:0"}, f.agg, nil, f.agg, hclog.NewNullLogger(), nil)
+	addr := serve(b, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addr, err := s.Start(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Stop()
 
 	const perConn = 50
 	var conns []*grpc.ClientConn
@@ -54,7 +50,7 @@ func benchConvergence(b *testing.B, clients, services, perService int) {
 	var ready sync.WaitGroup
 	for i := range clients {
 		if i%perConn == 0 {
-			c, err := grpc.NewClient(addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				b.Fatal(err)
 			}

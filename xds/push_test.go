@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -62,15 +61,10 @@ func TestPushScope(t *testing.T) {
 func TestDebounceMergesABurst(t *testing.T) {
 	f := newFixture(t)
 	f.populate(3, 1)
-	s := New(Options{Listen: "127.0.0.1:0", DebounceAfter: 300 * time.Millisecond, DebounceMax: 10 * time.Second}, f.agg, nil, hclog.NewNullLogger(), nil)
+	s := New(Options{Listen: "127.0.0.1:0", DebounceAfter: 300 * time.Millisecond, DebounceMax: 10 * time.Second}, f.agg, nil, f.agg, hclog.NewNullLogger(), nil)
 	pushes := make(chan PushStats, 10)
 	s.onPush = func(st PushStats, c replica.Change) { pushes <- st }
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	serve(t, s)
 	openEDSWatches(t, s.Cache(), proxylessView, 1, 3, 3)
 	for i := range 3 {
 		f.endpoints(svcHost(i), genEndpoints(2, 30+i))

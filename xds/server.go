@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -39,7 +40,7 @@ type Server struct {
 	cache   *Cache
 	gen     *Generator
 	metrics *metrics
-	grpc    *grpc.Server
+	ln      net.Listener // set by Listen, served by Run
 
 	pendingMu sync.Mutex
 	pending   replica.Change
@@ -90,9 +91,18 @@ type typeInfo struct {
 	Resources   int    `json:"resources_last_sent"`
 }
 
+// Upstream is the stage a server takes its changes from. In the host it is
+// the network manager, which sees every registry change before the server
+// does; without networks (tests) it is the aggregate itself.
+type Upstream interface {
+	Subscribe(func(replica.Change))
+}
+
 // New builds a server over the aggregate registry. nets may be nil (one
-// network).
-func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog.Logger, reg prometheus.Registerer) *Server {
+// network). The server follows upstream and nothing else: following the
+// aggregate as well would let a push race the network manager's
+// recomputation of the gateways it depends on.
+func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
 	gen := &Generator{Agg: agg, Networks: nets}
 	s := &Server{
 		opts:    opts,
@@ -124,7 +134,7 @@ func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog
 	if reg != nil {
 		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks)
 	}
-	agg.Subscribe(s.Notify)
+	upstream.Subscribe(s.notify)
 	return s
 }
 
@@ -134,13 +144,30 @@ func (s *Server) Cache() *Cache { return s.cache }
 // Generator returns the server's resource generator.
 func (s *Server) Generator() *Generator { return s.gen }
 
-// Start listens and serves until ctx ends. It returns the bound address.
-func (s *Server) Start(ctx context.Context) (net.Addr, error) {
+// Listen binds the gRPC address and returns it; Run serves on it. Binding
+// apart from serving lets the host print the address (port 0 included)
+// before anything runs, and fail before anything starts.
+func (s *Server) Listen() (net.Addr, error) {
 	ln, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("xds: listen %s: %w", s.opts.Listen, err)
 	}
-	s.grpc = grpc.NewServer(
+	s.ln = ln
+	return ln.Addr(), nil
+}
+
+// Run serves ADS on the address bound by Listen and pushes debounced
+// changes until ctx ends; then it closes every stream and returns nil. If
+// gRPC stops serving on its own (the listener failed), Run stops pushing
+// and returns the error: clients can no longer reach this server, so the
+// host must not look ready.
+func (s *Server) Run(ctx context.Context) error {
+	if s.ln == nil {
+		return errors.New("xds: Run before Listen")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := grpc.NewServer(
 		grpc.MaxConcurrentStreams(1<<20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -149,27 +176,39 @@ func (s *Server) Start(ctx context.Context) (net.Addr, error) {
 	// (clusters, endpoints, listeners, routes), so a client never gets a
 	// listener before the cluster it names.
 	xs := serverv3.NewServer(ctx, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, xs)
-	go s.debounce(ctx)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xs)
+
+	debounced := make(chan struct{})
 	go func() {
-		if err := s.grpc.Serve(ln); err != nil {
-			s.logger.Error("xds server stopped", "error", err)
-		}
+		defer close(debounced)
+		s.debounce(ctx)
 	}()
-	return ln.Addr(), nil
-}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(s.ln) }()
 
-// Stop closes every stream and stops serving.
-func (s *Server) Stop() {
-	if s.grpc != nil {
-		s.grpc.Stop()
+	var err error
+	select {
+	case <-ctx.Done():
+		// Stop, not GracefulStop: ADS streams never end by themselves,
+		// and clients reconnect to another replica at once.
+		srv.Stop()
+		<-served
+	case err = <-served:
+		// Serve returns nil only after Stop, which nothing else calls.
+		if err == nil {
+			err = errors.New("stopped serving")
+		}
+		err = fmt.Errorf("xds: serve %s: %w", s.ln.Addr(), err)
+		srv.Stop()
+		cancel()
 	}
+	<-debounced
+	return err
 }
 
-// Notify records a change for the next push; the network manager sends a
-// full change when networks or gateways change. It runs on the registry's
-// update path and never blocks.
-func (s *Server) Notify(c replica.Change) {
+// notify records a change from upstream for the next push. It runs on the
+// registry's update path and never blocks.
+func (s *Server) notify(c replica.Change) {
 	s.pendingMu.Lock()
 	now := time.Now()
 	if s.pending.Empty() {

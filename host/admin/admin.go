@@ -22,34 +22,51 @@ import (
 	"github.com/estuary-mesh/estuary/host/supervisor"
 )
 
+// Options are what the admin server reads. Config and Failed may be nil.
+type Options struct {
+	// Gatherer serves /metrics.
+	Gatherer prometheus.Gatherer
+	// Aggregate and Supervisor are the state readiness and the debug
+	// views report.
+	Aggregate  *aggregate.Registry
+	Supervisor *supervisor.Supervisor
+	// Config returns the effective configuration for /debug/configz.
+	Config func() any
+	// Failed names each host component that has died, with why: any makes
+	// /readyz fail, since the host no longer does all its work.
+	Failed func() []string
+	// DefaultSyncTimeout applies to instances that declare none (30s).
+	DefaultSyncTimeout time.Duration
+}
+
 // Server is the admin HTTP server.
 type Server struct {
 	mux    *http.ServeMux
-	srv    *http.Server
 	logger hclog.Logger
+	opts   Options
 	agg    *aggregate.Registry
 	sup    *supervisor.Supervisor
-	// DefaultSyncTimeout applies to instances that declare none.
-	DefaultSyncTimeout time.Duration
-	// Config returns the effective configuration for /debug/configz.
-	Config func() any
+	ln     net.Listener // set by Listen, served by Run
 }
 
-// New builds the admin server over the aggregate and the supervisor.
-func New(logger hclog.Logger, gatherer prometheus.Gatherer, agg *aggregate.Registry, sup *supervisor.Supervisor) *Server {
-	s := &Server{mux: http.NewServeMux(), logger: logger.Named("admin"), agg: agg, sup: sup, DefaultSyncTimeout: 30 * time.Second}
+// New builds the admin server.
+func New(logger hclog.Logger, opts Options) *Server {
+	if opts.DefaultSyncTimeout == 0 {
+		opts.DefaultSyncTimeout = 30 * time.Second
+	}
+	s := &Server{mux: http.NewServeMux(), logger: logger.Named("admin"), opts: opts, agg: opts.Aggregate, sup: opts.Supervisor}
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	s.mux.HandleFunc("/readyz", s.readyz)
-	s.mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	s.mux.Handle("/metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/debug/registryz", s.registryz)
 	s.mux.HandleFunc("/debug/syncz", s.syncz)
 	s.mux.HandleFunc("/debug/pluginz", s.pluginz)
 	s.mux.HandleFunc("/debug/configz", func(w http.ResponseWriter, _ *http.Request) {
-		if s.Config == nil {
+		if opts.Config == nil {
 			writeJSON(w, nil)
 			return
 		}
-		writeJSON(w, s.Config())
+		writeJSON(w, opts.Config())
 	})
 	s.mux.HandleFunc("/debug/endpointz", s.endpointz)
 	return s
@@ -61,39 +78,57 @@ func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, 
 // Handler returns the server's handler, for tests.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Listen binds addr and serves until Shutdown. It returns the bound address.
+// Listen binds addr and returns the bound address; Run serves on it.
+// Binding apart from serving lets the host print the address (port 0
+// included) and fail before anything starts.
 func (s *Server) Listen(addr string) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
 	}
-	s.srv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.logger.Error("admin server stopped", "error", err)
-		}
-	}()
+	s.ln = ln
 	return ln.Addr(), nil
 }
 
-// Shutdown stops serving.
-func (s *Server) Shutdown(ctx context.Context) error {
-	if s.srv == nil {
-		return nil
+// shutdownTimeout bounds how long requests in flight may delay a stop.
+const shutdownTimeout = 2 * time.Second
+
+// Run serves on the address bound by Listen until ctx ends; then it lets
+// requests in flight finish for up to two seconds and returns nil. If
+// serving fails, it returns the error.
+func (s *Server) Run(ctx context.Context) error {
+	if s.ln == nil {
+		return errors.New("admin: Run before Listen")
 	}
-	return s.srv.Shutdown(ctx)
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(s.ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("admin: serve %s: %w", s.ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		s.logger.Warn("requests still in flight at shutdown; closing them", "error", err)
+		_ = srv.Close()
+	}
+	<-served
+	return nil
 }
 
-// Ready reports readiness and, if not ready, what it waits for: every
-// plugin has streamed its snapshot and every instance has synced, or their
-// sync timeouts have passed.
+// Ready reports readiness and, if not ready, what it waits for: no host
+// component has died, and every plugin has streamed its snapshot and
+// every instance has synced, or their sync timeouts have passed.
 func (s *Server) Ready(now time.Time) (bool, []string) {
 	ready, waiting := s.sup.Ready(now)
+	ready = ready && len(s.failed()) == 0
 	for _, in := range s.agg.Store().Instances() {
 		st := in.Status()
 		timeout := st.SyncTimeout
 		if timeout == 0 {
-			timeout = s.DefaultSyncTimeout
+			timeout = s.opts.DefaultSyncTimeout
 		}
 		if !st.Synced && now.Sub(st.FirstSeen) < timeout {
 			ready = false
@@ -103,14 +138,26 @@ func (s *Server) Ready(now time.Time) (bool, []string) {
 	return ready, waiting
 }
 
+func (s *Server) failed() []string {
+	if s.opts.Failed == nil {
+		return nil
+	}
+	return s.opts.Failed()
+}
+
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	ready, waiting := s.Ready(time.Now())
-	if !ready {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintf(w, "not ready: waiting for %v\n", waiting)
+	if ready {
+		fmt.Fprintln(w, "ready")
 		return
 	}
-	fmt.Fprintln(w, "ready")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	for _, f := range s.failed() {
+		fmt.Fprintf(w, "not ready: %s\n", f)
+	}
+	if len(waiting) > 0 {
+		fmt.Fprintf(w, "not ready: waiting for %v\n", waiting)
+	}
 }
 
 // InstanceView is one instance in /debug/registryz.

@@ -340,6 +340,17 @@ func hostPort(addr string, port uint32) string {
 	return net.JoinHostPort(addr, strconv.FormatUint(uint64(port), 10))
 }
 
+// Clients is what explain asks of the xDS server about connected nodes.
+type Clients interface {
+	// NodeView returns the view of a connected node.
+	NodeView(node string) (xds.View, bool)
+	// EndpointRows decodes what a view receives for a cluster, shown next
+	// to the explanation.
+	EndpointRows(v xds.View, cluster string) ([]xds.EndpointRow, error)
+}
+
+var _ Clients = (*xds.Server)(nil)
+
 // Handler serves /debug/networkz:
 //
 //	/debug/networkz                          networks, gateways, DNS names
@@ -347,7 +358,10 @@ func hostPort(addr string, port uint32) string {
 //	/debug/networkz?explain=CLUSTER&node=ID  what the filter does for a connected node
 //	/debug/networkz?explain=CLUSTER&network=N[&requested=N1,N2]
 //	                                         the same for a node that would have that view
-func (m *Manager) Handler() http.Handler {
+//
+// clients, the xDS server in the host, finds connected nodes and what they
+// receive; with nil, explain answers for views only.
+func (m *Manager) Handler(clients Clients) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		switch {
@@ -356,8 +370,8 @@ func (m *Manager) Handler() http.Handler {
 			node := q.Get("node")
 			if node != "" {
 				ok := false
-				if m.NodeView != nil {
-					v, ok = m.NodeView(node)
+				if clients != nil {
+					v, ok = clients.NodeView(node)
 				}
 				if !ok {
 					http.Error(w, fmt.Sprintf("no connected node %q (see /debug/adsz)", node), http.StatusNotFound)
@@ -372,8 +386,8 @@ func (m *Manager) Handler() http.Handler {
 				return
 			}
 			ex.Node = node
-			if node != "" && m.Received != nil {
-				rows, err := m.Received(v, ex.Cluster)
+			if node != "" && clients != nil {
+				rows, err := clients.EndpointRows(v, ex.Cluster)
 				if err != nil {
 					ex.Notes = append(ex.Notes, "decoding what the node receives: "+err.Error())
 				}

@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/xds"
 )
 
@@ -124,7 +125,11 @@ func TestDNSGateway(t *testing.T) {
 	w := newWorld(t)
 	m := network.New(w.agg, hclog.NewNullLogger(), network.Options{MinTTL: 20 * time.Millisecond, MaxTTL: 2 * time.Second})
 	var pushes atomic.Int64
-	m.OnChange(func() { pushes.Add(1) })
+	m.Subscribe(func(c replica.Change) {
+		if c.Full {
+			pushes.Add(1)
+		}
+	})
 	withGateway := decodeHCL(t, fmt.Sprintf(`
   dns_servers = [%q]
   network "network2" {
@@ -154,7 +159,9 @@ func TestDNSGateway(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		m.Run(ctx)
+		if err := m.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
 		close(done)
 	}()
 	defer func() {

@@ -64,8 +64,14 @@ func (g Gateway) same(o Gateway) bool {
 // Gateways are the union of the config's `address` gateways, its
 // `registry_service_name` gateways and the gateways the registries report;
 // gateways given by DNS name are resolved by the host. Whenever networks or
-// gateways change, Generation moves on and the functions given to OnChange
-// run, so the xDS server pushes everything.
+// gateways change, Generation moves on.
+//
+// The manager is the stage between the aggregate and the xDS server: it
+// follows the aggregate and hands every change on to its subscribers only
+// after it has recomputed the gateways for it, widened to Full when they
+// moved. A change of its own (config, DNS answers) goes on as Full. So a
+// subscriber never acts on a registry change before the gateways are
+// current.
 type Manager struct {
 	agg    *aggregate.Registry
 	logger hclog.Logger
@@ -79,14 +85,7 @@ type Manager struct {
 	gen      atomic.Uint64
 
 	subsMu sync.Mutex
-	subs   []func()
-
-	// NodeView finds the view of a connected node, for explain; the host
-	// sets it to the xDS server's.
-	NodeView func(node string) (xds.View, bool)
-	// Received decodes what a view receives for a cluster, for explain to
-	// show next to its own reasoning; optional.
-	Received func(v xds.View, cluster string) ([]xds.EndpointRow, error)
+	subs   []func(replica.Change)
 }
 
 var _ xds.NetworkFilter = (*Manager)(nil)
@@ -108,22 +107,36 @@ func New(agg *aggregate.Registry, logger hclog.Logger, opts Options) *Manager {
 		opts.ResolvConf = "/etc/resolv.conf"
 	}
 	m := &Manager{agg: agg, logger: logger.Named("network"), opts: opts, cfg: &Config{}}
-	m.res = newResolver(m.logger.Named("dns"), opts.MinTTL, opts.MaxTTL, opts.DNSTimeout, func() { m.recompute("dns answer changed") })
+	m.res = newResolver(m.logger.Named("dns"), opts.MinTTL, opts.MaxTTL, opts.DNSTimeout, func() { m.recomputeAndPublish("dns answer changed") })
 	m.res.setServers(systemDNSServers(opts.ResolvConf))
 	agg.Subscribe(m.onRegistryChange)
 	m.recompute("start")
 	return m
 }
 
-// Run resolves gateway DNS names until ctx ends.
-func (m *Manager) Run(ctx context.Context) { m.res.run(ctx) }
+// Run resolves gateway DNS names until ctx ends, then returns nil.
+func (m *Manager) Run(ctx context.Context) error {
+	m.res.run(ctx)
+	return nil
+}
 
-// OnChange registers fn to run after every change of networks or
-// gateways: the host requests a full xDS push with it.
-func (m *Manager) OnChange(fn func()) {
+// Subscribe registers fn to receive every registry change after the
+// manager has recomputed gateways for it (Full if they changed), and a Full
+// change whenever the config or a DNS answer changes networks or gateways.
+// The host's xDS server subscribes here, not to the aggregate.
+func (m *Manager) Subscribe(fn func(replica.Change)) {
 	m.subsMu.Lock()
 	defer m.subsMu.Unlock()
 	m.subs = append(m.subs, fn)
+}
+
+func (m *Manager) publish(c replica.Change) {
+	m.subsMu.Lock()
+	subs := slices.Clone(m.subs)
+	m.subsMu.Unlock()
+	for _, fn := range subs {
+		fn(c)
+	}
 }
 
 // Apply replaces the networks config. The config must be valid (see
@@ -149,33 +162,47 @@ func (m *Manager) Apply(cfg *Config) {
 		}
 	}
 	m.mu.Unlock()
-	m.recompute("config applied")
+	m.recomputeAndPublish("config applied")
 }
 
 // onRegistryChange recomputes gateways when registries may have changed
 // theirs: on a full change (instances or reported gateways changed) or a
-// change of a service that a registry_service_name names.
+// change of a service that a registry_service_name names. Then it hands the
+// change on, widened to Full if the gateways moved: every endpoint of a
+// remote network may now be reached another way.
 func (m *Manager) onRegistryChange(c replica.Change) {
-	if !c.Full {
-		m.mu.Lock()
-		hit := false
-		for h, attrs := range c.Services {
-			if attrs && m.svcNames[h] {
-				hit = true
-				break
-			}
-		}
-		m.mu.Unlock()
-		if !hit {
-			return
+	if c.Full || m.namesGateway(c) {
+		if m.recompute("registry changed") {
+			c.Full = true
 		}
 	}
-	m.recompute("registry changed")
+	m.publish(c)
+}
+
+// namesGateway reports whether a change touches the attributes of a
+// service that a registry_service_name names.
+func (m *Manager) namesGateway(c replica.Change) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for h, attrs := range c.Services {
+		if attrs && m.svcNames[h] {
+			return true
+		}
+	}
+	return false
+}
+
+// recomputeAndPublish recomputes after a change of the manager's own and
+// hands it on as Full when anything moved.
+func (m *Manager) recomputeAndPublish(reason string) {
+	if m.recompute(reason) {
+		m.publish(replica.Change{Full: true})
+	}
 }
 
 // recompute rebuilds the snapshot and, when anything that affects what
-// clients receive changed, moves the generation on and notifies.
-func (m *Manager) recompute(reason string) {
+// clients receive changed, moves the generation on and reports true.
+func (m *Manager) recompute(reason string) bool {
 	m.mu.Lock()
 	s := m.build()
 	old := m.snap.Load()
@@ -188,16 +215,10 @@ func (m *Manager) recompute(reason string) {
 	m.snap.Store(s)
 	m.res.setNames(s.dnsNames)
 	m.mu.Unlock()
-	if !changed {
-		return
+	if changed {
+		m.logger.Info("networks changed", "reason", reason, "generation", s.gen, "gateways", len(s.gateways), "multi_network", s.multi, "scale_factor", s.scale)
 	}
-	m.logger.Info("networks changed", "reason", reason, "generation", s.gen, "gateways", len(s.gateways), "multi_network", s.multi, "scale_factor", s.scale)
-	m.subsMu.Lock()
-	subs := slices.Clone(m.subs)
-	m.subsMu.Unlock()
-	for _, fn := range subs {
-		fn()
-	}
+	return changed
 }
 
 // snapshot is an immutable view of networks and gateways; the xDS path

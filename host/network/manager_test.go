@@ -3,6 +3,7 @@ package network_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -191,7 +192,11 @@ func TestRegistryServiceNameGateway(t *testing.T) {
   }
 `, ew))
 	var pushes atomic.Int64
-	m.OnChange(func() { pushes.Add(1) })
+	m.Subscribe(func(c replica.Change) {
+		if c.Full {
+			pushes.Add(1)
+		}
+	})
 	want := func(what string, addrs ...string) {
 		t.Helper()
 		var got []string
@@ -243,7 +248,11 @@ func TestRegistryServiceNameGateway(t *testing.T) {
 func TestRegistryGatewayChange(t *testing.T) {
 	w, m := meshWorld(t)
 	var pushes atomic.Int64
-	m.OnChange(func() { pushes.Add(1) })
+	m.Subscribe(func(c replica.Change) {
+		if c.Full {
+			pushes.Add(1)
+		}
+	})
 	gen := m.Generation()
 	got := func() string {
 		var out []string
@@ -271,7 +280,7 @@ func TestRegistryGatewayChange(t *testing.T) {
 // endpoint, and the explanation of a cluster for a view.
 func TestNetworkz(t *testing.T) {
 	_, m := meshWorld(t)
-	srv := httptest.NewServer(m.Handler())
+	srv := httptest.NewServer(m.Handler(nil))
 	defer srv.Close()
 	get := func(path string, v any) {
 		t.Helper()
@@ -357,4 +366,61 @@ func TestNetworkz(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("explain of a missing port: %s", resp.Status)
 	}
+}
+
+// TestChangesGoOnAfterRecomputation: the manager is the stage between the
+// aggregate and the xDS server. Its subscriber gets every registry change
+// only once the gateways are recomputed for it, widened to Full when they
+// moved and as it was when they did not; its own changes go on as Full.
+func TestChangesGoOnAfterRecomputation(t *testing.T) {
+	const ew = "istio-eastwestgateway.istio-system.svc.cluster.local"
+	gwService := func(port uint32, external string) *registryv1.Service {
+		return &registryv1.Service{Hostname: ew, Namespace: "istio-system", Ports: []*registryv1.Port{{Name: "tls", Number: port}},
+			ExternalAddresses: []*registryv1.ClusterAddresses{{Cluster: "cluster1", Addresses: []string{external}}}}
+	}
+	w := newWorld(t)
+	w.add(instance{plugin: "kube1", cluster: "cluster1", services: []*registryv1.Service{gwService(15443, "34.1.1.1"), echoService("cluster1")}})
+	withGateway := fmt.Sprintf(`
+  network "network1" {
+    endpoints { from_registry = "cluster1" }
+    gateway {
+      registry_service_name = %q
+      port                  = 15443
+    }
+  }
+`, ew)
+	m := w.manager(withGateway)
+
+	// What the subscriber saw: the change, and the gateways at that moment.
+	var seen []string
+	m.Subscribe(func(c replica.Change) {
+		seen = append(seen, fmt.Sprintf("full=%v services=%v gateways=%v", c.Full, slices.Sorted(maps.Keys(c.Services)), gatewayAddrs(m)))
+	})
+	step := func(what, want string, do func()) {
+		t.Helper()
+		seen = nil
+		do()
+		if got := strings.Join(seen, "\n"); got != want {
+			t.Errorf("%s: the subscriber saw\n%s\nwant\n%s", what, got, want)
+		}
+	}
+	step("the gateway service moved", "full=true services=["+ew+"] gateways=[34.1.1.2:15443]", func() {
+		w.upsert("kube1", "cluster1", gwService(15443, "34.1.1.2"))
+	})
+	step("the gateway service changed, its gateway did not", "full=false services=["+ew+"] gateways=[34.1.1.2:15443]", func() {
+		w.upsert("kube1", "cluster1", gwService(15444, "34.1.1.2"))
+	})
+	step("an unrelated service changed", "full=false services=["+echo+"] gateways=[34.1.1.2:15443]", func() {
+		w.upsert("kube1", "cluster1", echoService("cluster1", "10.96.0.1"))
+	})
+	step("the config dropped the gateway", "full=true services=[] gateways=[]", func() {
+		m.Apply(decodeHCL(t, `
+  network "network1" {
+    endpoints { from_registry = "cluster1" }
+  }
+`))
+	})
+	step("the same config again", "", func() {
+		m.Apply(m.Config())
+	})
 }

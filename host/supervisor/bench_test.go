@@ -35,12 +35,13 @@ func BenchmarkBoundaryThroughput(b *testing.B) {
 		for b.Loop() {
 			store := replica.NewStore(nil)
 			clock := newApplyClock(store, benchBatches*benchBatchSize)
-			sup := NewSupervisor(context.Background(), Options{}, hclog.NewNullLogger(), store, nil)
+			sup := NewSupervisor(Options{}, hclog.NewNullLogger(), store, nil)
+			stop := run(b, sup)
 			if diags := sup.Apply(&config.File{Plugins: []*config.Plugin{p}}); diags.HasErrors() {
 				b.Fatal(diags)
 			}
 			total += clock.wait(b)
-			sup.Stop()
+			stop()
 		}
 		reportThroughput(b, total)
 	})

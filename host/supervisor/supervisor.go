@@ -32,6 +32,9 @@ type Options struct {
 	// StartTimeout bounds the go-plugin handshake; CallTimeout every unary
 	// call (Describe, Configure).
 	StartTimeout, CallTimeout time.Duration
+	// StopTimeout bounds how long Run waits for plugins to stop once its
+	// context ends.
+	StopTimeout time.Duration
 }
 
 func (o *Options) defaults() {
@@ -53,6 +56,9 @@ func (o *Options) defaults() {
 	if o.CallTimeout == 0 {
 		o.CallTimeout = 30 * time.Second
 	}
+	if o.StopTimeout == 0 {
+		o.StopTimeout = 10 * time.Second
+	}
 }
 
 // Supervisor runs the plugins a config file names.
@@ -62,11 +68,20 @@ type Supervisor struct {
 	store   *replica.Store
 	metrics *metrics
 
+	// applies carries Apply's requests to Run, which owns the plugins'
+	// lifetime; stopped is closed when Run returns.
+	applies chan applyRequest
+	stopped chan struct{}
+
 	mu      sync.Mutex
-	ctx     context.Context
 	runners map[string]*runner
 	order   []string
 	meshCfg config.Mesh
+}
+
+type applyRequest struct {
+	file  *config.File
+	diags chan hcl.Diagnostics
 }
 
 type metrics struct {
@@ -74,8 +89,9 @@ type metrics struct {
 	up       *prometheus.GaugeVec
 }
 
-// NewSupervisor returns a supervisor that streams into store.
-func NewSupervisor(ctx context.Context, opts Options, logger hclog.Logger, store *replica.Store, reg prometheus.Registerer) *Supervisor {
+// NewSupervisor returns a supervisor that streams into store. Run runs
+// the plugins that Apply asks for.
+func NewSupervisor(opts Options, logger hclog.Logger, store *replica.Store, reg prometheus.Registerer) *Supervisor {
 	opts.defaults()
 	m := &metrics{
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -88,8 +104,28 @@ func NewSupervisor(ctx context.Context, opts Options, logger hclog.Logger, store
 	if reg != nil {
 		reg.MustRegister(m.restarts, m.up)
 	}
-	return &Supervisor{opts: opts, logger: logger.Named("supervisor"), store: store, metrics: m, ctx: ctx, runners: map[string]*runner{}}
+	return &Supervisor{opts: opts, logger: logger.Named("supervisor"), store: store, metrics: m,
+		applies: make(chan applyRequest), stopped: make(chan struct{}), runners: map[string]*runner{}}
 }
+
+// Run keeps the plugins running until ctx ends; then it stops every
+// plugin, waiting at most StopTimeout, and returns nil. The plugins live
+// as long as Run: Apply hands its config to Run, which starts them.
+func (s *Supervisor) Run(ctx context.Context) error {
+	defer close(s.stopped)
+	for {
+		select {
+		case <-ctx.Done():
+			s.stopAll()
+			return nil
+		case req := <-s.applies:
+			req.diags <- s.apply(ctx, req.file)
+		}
+	}
+}
+
+// errStopped is Apply's answer once Run has returned.
+var errStopped = &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "the supervisor has stopped"}
 
 func (s *Supervisor) mesh() config.Mesh {
 	s.mu.Lock()
@@ -100,8 +136,21 @@ func (s *Supervisor) mesh() config.Mesh {
 // Apply makes the running plugins match f: new blocks start, removed ones
 // stop (their instances leave the replica), changed ones are reconfigured in
 // place or restarted. Diagnostics returned for a plugin mean that plugin
-// kept its previous config.
+// kept its previous config. Apply waits for Run to take the config; once
+// Run has returned, it changes nothing and says so.
 func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
+	req := applyRequest{file: f, diags: make(chan hcl.Diagnostics, 1)}
+	select {
+	case s.applies <- req:
+		return <-req.diags
+	case <-s.stopped:
+		return hcl.Diagnostics{errStopped}
+	}
+}
+
+// apply is Apply, on Run's goroutine: plugins started here live until
+// ctx ends.
+func (s *Supervisor) apply(ctx context.Context, f *config.File) hcl.Diagnostics {
 	s.mu.Lock()
 	meshChanged := s.meshCfg != f.Mesh
 	s.meshCfg = f.Mesh
@@ -126,7 +175,7 @@ func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
 		case !ok:
 			r = newRunner(s, p)
 			s.runners[p.Label] = r
-			r.start(s.ctx)
+			r.start(ctx)
 			s.logger.Info("plugin started", "plugin", p.Label, "bundled", p.Bundled, "path", p.Path)
 		case !r.cfg.Same(p) || meshChanged:
 			old := r
@@ -134,12 +183,12 @@ func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
 			s.runners[p.Label] = nr
 			updates = append(updates, func() {
 				old.stop()
-				nr.start(s.ctx)
+				nr.start(ctx)
 				s.logger.Info("plugin restarted with its new block", "plugin", p.Label)
 			})
 		default:
 			updates = append(updates, func() {
-				if d := r.update(s.ctx, p); d.HasErrors() {
+				if d := r.update(ctx, p); d.HasErrors() {
 					diags = append(diags, d...)
 				}
 			})
@@ -160,8 +209,9 @@ func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
 	return diags
 }
 
-// Stop stops every plugin and waits for them to exit.
-func (s *Supervisor) Stop() {
+// stopAll stops every plugin and waits for them to exit, for at most
+// StopTimeout: a plugin that hangs must not keep the host from exiting.
+func (s *Supervisor) stopAll() {
 	s.mu.Lock()
 	runners := make([]*runner, 0, len(s.runners))
 	for _, r := range s.runners {
@@ -172,7 +222,18 @@ func (s *Supervisor) Stop() {
 	for _, r := range runners {
 		wg.Go(r.stop)
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(s.opts.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.logger.Warn("plugins did not stop in time", "timeout", s.opts.StopTimeout)
+	}
 }
 
 // Statuses reports every plugin in config order.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,13 +19,23 @@ func newTestSupervisor(t *testing.T) (*Supervisor, *replica.Store) {
 	t.Helper()
 	store := replica.NewStore(nil)
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testLogWriter{t}})
-	ctx, cancel := context.WithCancel(context.Background())
-	sup := NewSupervisor(ctx, Options{BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, CrashLoopAfter: 3}, logger, store, nil)
-	t.Cleanup(func() {
-		sup.Stop()
-		cancel()
-	})
+	sup := NewSupervisor(Options{BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, CrashLoopAfter: 3}, logger, store, nil)
+	t.Cleanup(run(t, sup))
 	return sup, store
+}
+
+// run runs sup and returns what stops it: it cancels Run's context and
+// waits for Run to stop every plugin and return.
+func run(tb testing.TB, sup *Supervisor) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("Run: %v", err)
+		}
+	}
 }
 
 type testLogWriter struct{ t *testing.T }
@@ -210,4 +221,46 @@ func waitPort(t *testing.T, store *replica.Store, key replica.InstanceKey, port 
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("%s never served ok.test on port %d", key, port)
+}
+
+// TestRunStopsEveryPluginWhenItsContextEnds: the plugins live as long as
+// Run. When its context ends, Run stops them all and returns nil, and
+// Apply then changes nothing and says so.
+func TestRunStopsEveryPluginWhenItsContextEnds(t *testing.T) {
+	store := replica.NewStore(nil)
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testLogWriter{t}})
+	sup := NewSupervisor(Options{}, logger, store, nil)
+	stop := run(t, sup)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	sup.Apply(&config.File{Plugins: []*config.Plugin{selfPlugin(t, "a", "ok", ""), selfPlugin(t, "b", "ok", "")}})
+	var pids []int
+	for _, label := range []string{"a", "b"} {
+		pids = append(pids, waitStatus(t, sup, label, "running", func(s Status) bool { return s.State == StateRunning }).PID)
+	}
+
+	stop()
+	stopped = true
+	for _, st := range sup.Statuses() {
+		if st.State != StateStopped {
+			t.Errorf("plugin %s is %s after Run returned, want %s", st.Label, st.State, StateStopped)
+		}
+	}
+	for _, pid := range pids {
+		// The process is reaped by the time its runner stops, so signal 0
+		// finds nothing.
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("plugin pid %d still runs after Run returned", pid)
+		}
+	}
+	if d := sup.Apply(&config.File{Plugins: []*config.Plugin{selfPlugin(t, "c", "ok", "")}}); !d.HasErrors() {
+		t.Error("Apply after Run returned reported no error")
+	}
+	if n := len(sup.Statuses()); n != 2 {
+		t.Errorf("Apply after Run returned changed the plugins: %d of them", n)
+	}
 }

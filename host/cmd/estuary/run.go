@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/estuary-mesh/estuary/host/admin"
 	"github.com/estuary-mesh/estuary/host/aggregate"
@@ -43,100 +46,222 @@ func runHost(args []string) int {
 		logger.Error("cannot find the estuary executable to run bundled plugins", "error", err)
 		return 1
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	store := replica.NewStore(reg)
-	agg := aggregate.New(store, reg)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sup := supervisor.NewSupervisor(ctx, supervisor.Options{Self: self}, logger, store, reg)
-	adm := admin.New(logger, reg, agg, sup)
-
-	var mu sync.Mutex
-	current := file
-	adm.Config = func() any {
-		mu.Lock()
-		defer mu.Unlock()
-		return effectiveConfig(current)
-	}
-
-	// The network manager follows the aggregate before the xDS server does,
-	// so a registry change updates gateways before it is pushed.
-	nets := network.New(agg, logger, network.Options{})
-	netCfg, _ := loadNetworks(file) // load validated it
-	nets.Apply(netCfg)
-	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nets, logger, reg)
-	nets.OnChange(func() { xs.Notify(replica.Change{Full: true}) })
-	nets.NodeView, nets.Received = xs.NodeView, xs.EndpointRows
-	go nets.Run(ctx)
-	adm.Handle("/debug/networkz", nets.Handler())
-	for path, h := range xs.DebugHandlers() {
-		adm.Handle(path, h)
-	}
-	xdsAddr, err := xs.Start(ctx)
-	if err != nil {
-		logger.Error("cannot start the xDS server", "error", err)
-		return 1
-	}
-	defer xs.Stop()
-	adminAddr, err := adm.Listen(file.Admin.Listen)
-	if err != nil {
-		logger.Error("cannot start the admin server", "error", err)
-		return 1
-	}
-	for _, d := range sup.Apply(file) {
-		logger.Warn("plugin config", "problem", d.Error())
-	}
-	fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
-		Version, xdsAddr, adminAddr, len(file.Plugins))
-
+	// Catch signals before anything starts, so that a SIGTERM while
+	// plugins start still stops them.
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	for sig := range signals {
-		if sig == syscall.SIGHUP {
-			logger.Info("SIGHUP: reloading", "config", *path)
-			next, diags := load(*path)
-			if diags.HasErrors() {
-				logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
-				continue
-			}
-			if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
-				logger.Warn("listen addresses change only on restart")
-			}
-			if d := sup.Apply(next); d.HasErrors() {
-				logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
-			}
-			if nc, d := loadNetworks(next); d.HasErrors() {
-				logger.Error("networks kept their previous config", "errors", "\n"+config.Format(d))
-			} else {
-				nets.Apply(nc)
-			}
-			mu.Lock()
-			current = next
-			mu.Unlock()
-			logger.Info("reload applied", "plugins", len(next.Plugins))
-			continue
-		}
-		logger.Info("shutting down", "signal", sig.String())
-		break
+	defer signal.Stop(signals)
+
+	h, err := newServer(*path, file, self, logger)
+	if err != nil {
+		logger.Error("cannot start", "error", err)
+		return 1
 	}
-	signal.Stop(signals)
-	done := make(chan struct{})
-	go func() {
-		sup.Stop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		logger.Warn("plugins did not stop within 10s")
+	if err := h.run(context.Background(), signals, func() {
+		fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
+			Version, h.xdsAddr, h.adminAddr, len(file.Plugins))
+	}); err != nil {
+		return 1
 	}
-	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer scancel()
-	_ = adm.Shutdown(sctx)
 	return 0
+}
+
+// server is `estuary run`: the host's long-lived components, built and
+// wired.
+//
+// A registry change travels one path, in this order, each stage built on
+// the one before it and following only it:
+//
+//	supervisor → replica store → aggregate → network manager → xDS server
+//
+// The network manager recomputes gateways before it hands a change on
+// (widened to Full when they moved), so the xDS server never pushes a
+// change against gateways that do not include it yet.
+type server struct {
+	logger hclog.Logger
+	path   string // plugins.hcl, reread on SIGHUP
+
+	sup   *supervisor.Supervisor
+	nets  *network.Manager
+	xds   *xds.Server
+	admin *admin.Server
+
+	xdsAddr, adminAddr net.Addr
+
+	// components are run by run, each until its context ends.
+	components []component
+	failures   failures
+
+	mu      sync.Mutex
+	current *config.File // the config in effect, for /debug/configz
+}
+
+// component is a long-lived part of the host. Run serves until ctx ends,
+// then stops gracefully and returns nil; it returns early only if the
+// component died.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// newServer builds the host for file and binds its listeners; nothing runs
+// until run.
+func newServer(path string, file *config.File, self string, logger hclog.Logger) (*server, error) {
+	h := &server{logger: logger, path: path, current: file}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	store := replica.NewStore(reg)
+	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self}, logger, store, reg)
+	agg := aggregate.New(store, reg)
+	h.nets = network.New(agg, logger, network.Options{})
+	netCfg, _ := loadNetworks(file) // load validated it
+	h.nets.Apply(netCfg)
+	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax},
+		agg, h.nets, h.nets, logger, reg)
+	h.admin = admin.New(logger, admin.Options{
+		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
+		Config: h.effectiveConfig, Failed: h.failures.list,
+	})
+	h.admin.Handle("/debug/networkz", h.nets.Handler(h.xds))
+	for path, handler := range h.xds.DebugHandlers() {
+		h.admin.Handle(path, handler)
+	}
+
+	var err error
+	if h.xdsAddr, err = h.xds.Listen(); err != nil {
+		return nil, err
+	}
+	if h.adminAddr, err = h.admin.Listen(file.Admin.Listen); err != nil {
+		return nil, err
+	}
+	h.components = []component{
+		{"supervisor", h.sup.Run},
+		{"network", h.nets.Run},
+		{"xds", h.xds.Run},
+		{"admin", h.admin.Run},
+	}
+	return h, nil
+}
+
+// run runs every component under one errgroup, applies the config, calls
+// started, and handles signals: SIGHUP reloads, SIGTERM and SIGINT stop
+// the host. It returns nil once every component has stopped after a stop
+// signal or the end of ctx.
+//
+// A component that dies takes /readyz down at once, is logged as an error,
+// and stops the host: the errgroup cancels the others, which stop
+// gracefully, and run returns the error, so estuary exits non-zero. The
+// host keeps no state of its own, so a restart by its supervisor (systemd,
+// Kubernetes), as istiod gets, is the cure; limping on without, say, its
+// xDS listener would only hide the failure.
+func (h *server) run(ctx context.Context, signals <-chan os.Signal, started func()) error {
+	// run owns the host's lifecycle: a stop signal ends it here.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	g, ctx := errgroup.WithContext(ctx)
+	for _, c := range h.components {
+		g.Go(func() error { return h.runComponent(ctx, c) })
+	}
+	g.Go(func() error {
+		h.handleSignals(ctx, signals, stop)
+		return nil
+	})
+	for _, d := range h.sup.Apply(h.config()) {
+		h.logger.Warn("plugin config", "problem", d.Error())
+	}
+	started()
+	return g.Wait()
+}
+
+// runComponent runs c until ctx ends. If c stops before that, it has died:
+// readiness goes down naming it, the error is logged, and returning it
+// makes the errgroup stop the rest of the host.
+func (h *server) runComponent(ctx context.Context, c component) error {
+	err := c.run(ctx)
+	if ctx.Err() == nil {
+		if err == nil {
+			err = errors.New("stopped unexpectedly")
+		}
+		h.failures.add(fmt.Sprintf("%s died: %v", c.name, err))
+		h.logger.Error("component died; stopping the host", "component", c.name, "error", err)
+		return fmt.Errorf("%s: %w", c.name, err)
+	}
+	if err != nil {
+		h.logger.Error("component did not stop cleanly", "component", c.name, "error", err)
+		return fmt.Errorf("%s: %w", c.name, err)
+	}
+	return nil
+}
+
+// handleSignals reloads the config on SIGHUP and stops the host on
+// SIGTERM or SIGINT, until ctx ends.
+func (h *server) handleSignals(ctx context.Context, signals <-chan os.Signal, stop context.CancelFunc) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-signals:
+			if sig != syscall.SIGHUP {
+				h.logger.Info("shutting down", "signal", sig.String())
+				stop()
+				return
+			}
+			h.reload()
+		}
+	}
+}
+
+// reload applies the config file again; a file with errors changes nothing.
+func (h *server) reload() {
+	h.logger.Info("SIGHUP: reloading", "config", h.path)
+	next, diags := load(h.path)
+	if diags.HasErrors() {
+		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
+		return
+	}
+	file := h.config()
+	if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
+		h.logger.Warn("listen addresses change only on restart")
+	}
+	if d := h.sup.Apply(next); d.HasErrors() {
+		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
+	}
+	if nc, d := loadNetworks(next); d.HasErrors() {
+		h.logger.Error("networks kept their previous config", "errors", "\n"+config.Format(d))
+	} else {
+		h.nets.Apply(nc)
+	}
+	h.mu.Lock()
+	h.current = next
+	h.mu.Unlock()
+	h.logger.Info("reload applied", "plugins", len(next.Plugins))
+}
+
+func (h *server) config() *config.File {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.current
+}
+
+func (h *server) effectiveConfig() any { return effectiveConfig(h.config()) }
+
+// failures are the components that died, for /readyz.
+type failures struct {
+	mu  sync.Mutex
+	why []string
+}
+
+func (f *failures) add(why string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.why = append(f.why, why)
+}
+
+func (f *failures) list() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.why)
 }
 
 // effectiveConfig is /debug/configz: the file as the host understood it,
