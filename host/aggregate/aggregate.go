@@ -92,7 +92,9 @@ func New(store *replica.Store, reg prometheus.Registerer) *Registry {
 }
 
 // Subscribe registers fn for every change, after the aggregate's own view
-// has been updated.
+// has been updated. In the host the network manager is the one
+// subscriber; the xDS server follows the network manager, never the
+// aggregate, so it cannot see a change before the gateways account for it.
 func (r *Registry) Subscribe(fn func(replica.Change)) {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
