@@ -110,7 +110,8 @@ func NewSupervisor(opts Options, logger hclog.Logger, store *replica.Store, reg 
 
 // Run keeps the plugins running until ctx ends; then it stops every
 // plugin, waiting at most StopTimeout, and returns nil. The plugins live
-// as long as Run: Apply hands its config to Run, which starts them.
+// as long as Run: Apply hands its config to Run, which starts them. Run
+// is called once.
 func (s *Supervisor) Run(ctx context.Context) error {
 	defer close(s.stopped)
 	for {

@@ -111,14 +111,17 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// The chain, in the order a change travels it.
 	store := replica.NewStore(reg)
 	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self}, logger, store, reg)
-	agg := aggregate.New(store, reg)
-	h.nets = network.New(agg, logger, network.Options{})
-	netCfg, _ := loadNetworks(file) // load validated it
+	agg := aggregate.New(store, reg)                     // follows the store
+	h.nets = network.New(agg, logger, network.Options{}) // follows the aggregate
+	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax},
-		agg, h.nets, h.nets, logger, reg)
+		agg, h.nets, // what it reads: the merged services, the network filter
+		h.nets, // what it follows
+		logger, reg)
 	h.admin = admin.New(logger, admin.Options{
 		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
 		Config: h.effectiveConfig, Failed: h.failures.list,
