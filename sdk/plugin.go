@@ -48,6 +48,17 @@ const (
 	CapabilityGateways
 )
 
+var capabilityNames = [...]string{CapabilityReconfigure: "RECONFIGURE", CapabilityMultiInstance: "MULTI_INSTANCE", CapabilityGateways: "GATEWAYS"}
+
+// String names the capability as the protocol does, without its
+// CAPABILITY_ prefix: RECONFIGURE, MULTI_INSTANCE, GATEWAYS.
+func (c Capability) String() string {
+	if c > 0 && int(c) < len(capabilityNames) {
+		return capabilityNames[c]
+	}
+	return fmt.Sprintf("Capability(%d)", int(c))
+}
+
 // DescribeRequest is empty today; fields may be added.
 type DescribeRequest struct{}
 

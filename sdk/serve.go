@@ -153,8 +153,10 @@ func ClientDialOptions() []grpc.DialOption {
 	)}
 }
 
-// GRPCPlugin is the go-plugin glue for the registry service. The host uses
-// its client side; Serve uses its server side.
+// GRPCPlugin is the go-plugin glue for the registry service. Serve uses
+// its server side. Its client side hands out the raw generated client, for
+// tests that drive the wire themselves; a host uses pluginclient.Plugin
+// instead, whose typed client checks everything a plugin sends.
 type GRPCPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl    Plugin
@@ -171,7 +173,7 @@ func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	return nil
 }
 
-// GRPCClient returns a registryv1.RegistryClient.
+// GRPCClient returns a registryv1.RegistryClient, which checks nothing.
 func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
 	return registryv1.NewRegistryClient(c), nil
 }

@@ -31,6 +31,9 @@ type Instance struct {
 	syncedAt  time.Time
 	events    uint64
 	rank      int // position in the aggregate's order
+	// batchGen is the batch that holds mu, so a batch that touches the
+	// instance many times locks it once. Guarded by the store's mu.
+	batchGen uint64
 }
 
 // data is the content of an instance.

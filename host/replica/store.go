@@ -2,7 +2,6 @@ package replica
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
 
@@ -52,7 +52,8 @@ type Store struct {
 	instances  map[InstanceKey]*Instance
 	ordered    []*Instance
 	pluginRank map[string]int
-	seq        int // first-seen counter, for stable order within a plugin
+	seq        int    // first-seen counter, for stable order within a plugin
+	batchGen   uint64 // numbers applied batches; see batchTx
 
 	subsMu sync.Mutex
 	subs   []func(Change)
@@ -199,12 +200,13 @@ func (s *Store) Disconnected(plugin string) {
 type Session struct {
 	store  *Store
 	plugin string
-	seq    uint64
 	inSnap map[InstanceKey]bool // instances the snapshot mentioned
 	done   bool                 // snapshot complete
 	// known are the plugin's instances when the session began: their
 	// snapshot is built aside until they sync.
 	known map[InstanceKey]bool
+	// wire decodes the responses given to Apply.
+	wire *protoconv.Stream
 }
 
 // NewSession starts applying a new stream of plugin.
@@ -221,40 +223,96 @@ func (s *Store) NewSession(plugin string) *Session {
 // SnapshotDone reports whether the session's snapshot has been applied.
 func (sess *Session) SnapshotDone() bool { return sess.done }
 
-// Apply applies one response. An error means the stream broke the protocol
-// (a sequence gap, an event for an unknown instance); the caller drops the
-// stream and reconnects, which starts over with a snapshot.
+// Apply checks and decodes one wire response with the SDK's stream decoder,
+// as the plugin client does, and applies it with ApplyBatch. It serves
+// callers that hold wire messages (fixtures, tests and benchmarks that
+// build them by hand). Not knowing the plugin's capabilities, it grants
+// them all; the supervisor reads plugins through pluginclient, which holds
+// each plugin to what it declared. An error means the stream broke the
+// protocol and nothing of the response was applied; the session must not
+// be used again.
 func (sess *Session) Apply(resp *registryv1.WatchResponse) error {
-	if resp.GetSequence() != sess.seq+1 {
-		return fmt.Errorf("sequence %d after %d", resp.GetSequence(), sess.seq)
+	if sess.wire == nil {
+		sess.wire = protoconv.NewStream(sdk.CapabilityMultiInstance, sdk.CapabilityGateways)
 	}
-	sess.seq = resp.GetSequence()
-	if !sess.done && !resp.GetSnapshot() {
-		return fmt.Errorf("response %d is a delta before the snapshot was done", sess.seq)
+	b, err := sess.wire.Decode(resp)
+	if err != nil {
+		return err
 	}
-	if sess.done && (resp.GetSnapshot() || resp.GetSnapshotDone()) {
-		return fmt.Errorf("response %d is marked snapshot after the snapshot was done", sess.seq)
-	}
+	sess.ApplyBatch(b)
+	return nil
+}
+
+// ApplyBatch applies one batch of the session's stream, atomically: every
+// instance it touches is locked until the whole batch is in, so a reader
+// sees each instance before the batch or after it, never half of it, and
+// subscribers hear of the batch once. The batch must come from the
+// session's own stream, in order, as pluginclient.WatchStream yields it:
+// checked against the protocol, so nothing in it can fail.
+func (sess *Session) ApplyBatch(b *pluginclient.Batch) {
+	s := sess.store
 	var change Change
-	for i, ev := range resp.GetEvents() {
-		if err := sess.applyEvent(ev, &change); err != nil {
-			sess.store.publish(change)
-			return fmt.Errorf("response %d event %d: %w", sess.seq, i, err)
+	var kinds [pluginclient.NumKinds]int
+	s.mu.Lock()
+	tx := s.begin()
+	for i := range b.Events {
+		ev := &b.Events[i]
+		kinds[ev.Kind]++
+		sess.apply(tx, ev, &change)
+	}
+	if b.SnapshotDone && !sess.done {
+		sess.finishSnapshot(tx, &change)
+	}
+	if tx.reorder {
+		s.reorderLocked()
+	}
+	tx.unlock()
+	s.mu.Unlock()
+	for k, n := range kinds {
+		if n > 0 {
+			s.metrics.events.WithLabelValues(sess.plugin, pluginclient.Kind(k).String()).Add(float64(n))
 		}
 	}
-	if resp.GetSnapshotDone() && !sess.done {
-		sess.finishSnapshot(&change)
+	s.publish(change)
+}
+
+// batchTx is one batch being applied. The store's lock is held for
+// writing throughout, which keeps other writers out, so instance locks can
+// be taken in any order without deadlock; each is taken once and released
+// after the whole batch.
+type batchTx struct {
+	gen     uint64
+	held    []*Instance
+	reorder bool // instances were added or removed
+}
+
+// begin starts applying a batch. Caller holds s.mu for writing.
+func (s *Store) begin() *batchTx {
+	s.batchGen++
+	return &batchTx{gen: s.batchGen}
+}
+
+// lock locks in for the rest of the batch, once.
+func (tx *batchTx) lock(in *Instance) {
+	if in.batchGen == tx.gen {
+		return
 	}
-	sess.store.publish(change)
-	return nil
+	in.mu.Lock()
+	in.batchGen = tx.gen
+	tx.held = append(tx.held, in)
+}
+
+func (tx *batchTx) unlock() {
+	for _, in := range tx.held {
+		in.mu.Unlock()
+	}
 }
 
 // finishSnapshot removes instances the snapshot no longer has and clears
 // the stale mark of instances whose new state is live.
-func (sess *Session) finishSnapshot(change *Change) {
+func (sess *Session) finishSnapshot(tx *batchTx, change *Change) {
 	sess.done = true
 	s := sess.store
-	s.mu.Lock()
 	for k, in := range s.instances {
 		if k.Plugin != sess.plugin {
 			continue
@@ -263,70 +321,53 @@ func (sess *Session) finishSnapshot(change *Change) {
 			delete(s.instances, k)
 			s.metrics.instances.WithLabelValues(k.Plugin, k.Provider).Dec()
 			change.Full = true
+			tx.reorder = true
 			continue
 		}
-		in.mu.Lock()
+		tx.lock(in)
 		if in.pending == nil {
 			in.stale = false
 		}
-		in.mu.Unlock()
 	}
-	if change.Full {
-		s.reorderLocked()
-	}
-	s.mu.Unlock()
 }
 
-func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
-	id := ev.GetInstance()
-	if id.GetProvider() == "" || id.GetCluster() == "" {
-		return fmt.Errorf("event without instance identity")
-	}
-	key := InstanceKey{Plugin: sess.plugin, Provider: id.GetProvider(), Cluster: id.GetCluster()}
+// apply applies one event of a checked batch. Caller holds s.mu for
+// writing.
+func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) {
+	key := InstanceKey{Plugin: sess.plugin, Provider: ev.Instance.Provider, Cluster: ev.Instance.Cluster}
 	s := sess.store
-	s.metrics.events.WithLabelValues(sess.plugin, eventKind(ev)).Inc()
-
-	if added, ok := ev.GetKind().(*registryv1.Event_InstanceAdded); ok {
-		sess.addInstance(key, protoconv.Properties(added.InstanceAdded.GetProperties()), change)
-		return nil
-	}
-	if _, ok := ev.GetKind().(*registryv1.Event_InstanceRemoved); ok {
-		s.mu.Lock()
+	switch ev.Kind {
+	case pluginclient.KindInstanceAdded:
+		sess.addInstance(tx, key, ev.Properties, change)
+		return
+	case pluginclient.KindInstanceRemoved:
 		if _, ok := s.instances[key]; ok {
 			delete(s.instances, key)
 			s.metrics.instances.WithLabelValues(key.Plugin, key.Provider).Dec()
-			s.reorderLocked()
+			tx.reorder = true
 			change.Full = true
 		}
 		delete(sess.inSnap, key)
-		s.mu.Unlock()
-		return nil
+		return
 	}
 
-	in := s.Instance(key)
-	if in == nil {
-		return fmt.Errorf("%T for instance %s that was never added", ev.GetKind(), key)
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	// The stream was checked: the instance was added on it before.
+	in := s.instances[key]
+	tx.lock(in)
 	in.events++
 	target := in.live
 	if in.pending != nil {
 		target = in.pending
 	}
 	visible := target == in.live
-	switch k := ev.GetKind().(type) {
-	case *registryv1.Event_ServiceUpserted:
-		svc := protoconv.Service(k.ServiceUpserted.GetService())
-		if svc.Hostname == "" {
-			return fmt.Errorf("service without hostname")
-		}
-		target.services[svc.Hostname] = svc
+	switch ev.Kind {
+	case pluginclient.KindServiceUpserted:
+		target.services[ev.Service.Hostname] = ev.Service
 		if visible {
-			change.service(svc.Hostname, true)
+			change.service(ev.Service.Hostname, true)
 		}
-	case *registryv1.Event_ServiceDeleted:
-		h := k.ServiceDeleted.GetHostname()
+	case pluginclient.KindServiceDeleted:
+		h := ev.Hostname
 		if _, ok := target.services[h]; ok {
 			delete(target.services, h)
 			delete(target.endpoints, h)
@@ -334,28 +375,20 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 				change.service(h, true)
 			}
 		}
-	case *registryv1.Event_EndpointsReplaced:
-		h := k.EndpointsReplaced.GetHostname()
-		if _, ok := target.services[h]; !ok {
-			return fmt.Errorf("endpoints for unknown service %q", h)
-		}
-		set := decodeEndpoints(k.EndpointsReplaced)
-		target.endpoints[h] = set
-		s.metrics.endpoints.Add(float64(set.Len()))
-		s.applied.Add(uint64(set.Len()))
+	case pluginclient.KindEndpointsReplaced:
+		target.endpoints[ev.Hostname] = ev.Endpoints
+		n := ev.Endpoints.Len()
+		s.metrics.endpoints.Add(float64(n))
+		s.applied.Add(uint64(n))
 		if visible {
-			change.service(h, false)
+			change.service(ev.Hostname, false)
 		}
-	case *registryv1.Event_GatewaysReplaced:
-		gws := make([]sdk.NetworkGateway, len(k.GatewaysReplaced.GetGateways()))
-		for i, g := range k.GatewaysReplaced.GetGateways() {
-			gws[i] = protoconv.Gateway(g)
-		}
-		target.gateways = gws
+	case pluginclient.KindGatewaysReplaced:
+		target.gateways = ev.Gateways
 		if visible {
 			change.Full = true
 		}
-	case *registryv1.Event_InstanceSynced:
+	case pluginclient.KindInstanceSynced:
 		if !in.synced || in.pending != nil {
 			in.syncedAt = time.Now()
 		}
@@ -367,18 +400,17 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 		if sess.done {
 			in.stale = false
 		}
-	case *registryv1.Event_InstanceHealth:
-		in.health = protoconv.Health(k.InstanceHealth)
-	default:
-		return fmt.Errorf("event of unknown kind %T", ev.GetKind())
+	case pluginclient.KindInstanceHealth:
+		in.health = ev.Health
 	}
-	return nil
 }
 
-func (sess *Session) addInstance(key InstanceKey, props sdk.InstanceProperties, change *Change) {
+func (sess *Session) addInstance(tx *batchTx, key InstanceKey, props sdk.InstanceProperties, change *Change) {
 	s := sess.store
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Only the first mention in a snapshot starts building the instance
+	// aside: a second one (new properties) must not throw away what the
+	// snapshot has built since.
+	first := !sess.inSnap[key]
 	if !sess.done {
 		sess.inSnap[key] = true
 	}
@@ -388,83 +420,17 @@ func (sess *Session) addInstance(key InstanceKey, props sdk.InstanceProperties, 
 		in = &Instance{Key: key, live: newData(), firstSeen: time.Now(), rank: s.seq}
 		s.instances[key] = in
 		s.metrics.instances.WithLabelValues(key.Plugin, key.Provider).Inc()
-		s.reorderLocked()
+		tx.reorder = true
 		change.Full = true
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	tx.lock(in)
 	if in.props != props {
 		in.props = props
 		change.Full = true
 	}
-	if !sess.done && sess.known[key] && in.pending == nil {
+	if !sess.done && first && sess.known[key] && in.pending == nil {
 		// A reconnect: build the new snapshot aside, keep serving the old.
 		in.pending = newData()
 		in.stale = true
 	}
-}
-
-// decodeEndpoints converts wire endpoints into the compact form. Shared
-// label and port sets are decoded once; strings that many endpoints repeat
-// are interned.
-func decodeEndpoints(m *registryv1.EndpointsReplaced) *EndpointSet {
-	in := m.GetEndpoints()
-	set := &EndpointSet{Endpoints: make([]Endpoint, len(in))}
-	var cache labelCache
-	var network, locality, account stringCache
-	labelSets, portSets := m.GetLabelSets(), m.GetPortSets()
-	strs := make([]string, len(m.GetStrings()))
-	for i, s := range m.GetStrings() {
-		strs[i] = intern(s)
-	}
-	ref := func(n uint32, direct string, c *stringCache) string {
-		if n > 0 && int(n) <= len(strs) {
-			return strs[n-1]
-		}
-		return c.intern(direct)
-	}
-	for i, p := range in {
-		e := &set.Endpoints[i]
-		e.Address = p.GetAddress()
-		if n := p.GetLabelSet(); n > 0 && int(n) <= len(labelSets) {
-			e.Labels = labelSets[n-1].GetEntries()
-		} else {
-			e.Labels = cache.labelsFor(p.GetLabels())
-		}
-		if n := p.GetPortSet(); n > 0 && int(n) <= len(portSets) {
-			e.TargetPorts = portSets[n-1].GetEntries()
-		} else {
-			e.TargetPorts = cache.portsFor(p.GetTargetPorts())
-		}
-		e.Network = ref(p.GetNetworkRef(), p.GetNetwork(), &network)
-		e.Locality = ref(p.GetLocalityRef(), p.GetLocality(), &locality)
-		e.ServiceAccount = ref(p.GetServiceAccountRef(), p.GetServiceAccount(), &account)
-		e.WorkloadName = p.GetWorkloadName()
-		e.Weight = p.GetWeight()
-		e.TLSMode = sdk.TLSMode(p.GetTlsMode())
-		e.Health = sdk.Health(p.GetHealth())
-	}
-	return set
-}
-
-func eventKind(ev *registryv1.Event) string {
-	switch ev.GetKind().(type) {
-	case *registryv1.Event_InstanceAdded:
-		return "instance_added"
-	case *registryv1.Event_InstanceRemoved:
-		return "instance_removed"
-	case *registryv1.Event_ServiceUpserted:
-		return "service_upserted"
-	case *registryv1.Event_ServiceDeleted:
-		return "service_deleted"
-	case *registryv1.Event_EndpointsReplaced:
-		return "endpoints_replaced"
-	case *registryv1.Event_GatewaysReplaced:
-		return "gateways_replaced"
-	case *registryv1.Event_InstanceSynced:
-		return "instance_synced"
-	case *registryv1.Event_InstanceHealth:
-		return "instance_health"
-	}
-	return "unknown"
 }

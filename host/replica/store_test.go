@@ -1,6 +1,8 @@
 package replica_test
 
 import (
+	"errors"
+	"fmt"
 	"maps"
 	"reflect"
 	"runtime/debug"
@@ -16,6 +18,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
 // --- hand-built protocol messages ---
@@ -183,53 +186,103 @@ func TestSnapshotBuildsInstances(t *testing.T) {
 	}
 }
 
-func TestProtocolViolations(t *testing.T) {
+// TestBadBatchAppliesNothing: a batch that breaks the protocol anywhere
+// is refused whole. Its good events before the bad one change nothing and
+// publish nothing, and the error names the offending event.
+func TestBadBatchAppliesNothing(t *testing.T) {
+	outOfRange := replaced("c1", &registryv1.EndpointsReplaced{Hostname: "a.example.com", Strings: []string{"n1"},
+		Endpoints: []*registryv1.Endpoint{{Address: "10.0.0.7", NetworkRef: 2}}})
 	tests := []struct {
 		name string
-		run  func(st *stream) error
+		bad  *registryv1.Event
 		want string
 	}{
-		{"first sequence is not 1", func(st *stream) error {
-			st.seq = 1
-			return st.send(true, true)
-		}, "sequence 2 after 0"},
-		{"sequence gap", func(st *stream) error {
-			_ = st.send(true, true, added("c1", nil))
-			st.seq++
-			return st.send(false, false, synced("c1"))
-		}, "sequence 3 after 1"},
-		{"sequence repeated", func(st *stream) error {
-			_ = st.send(true, true, added("c1", nil))
-			st.seq--
-			return st.send(false, false, synced("c1"))
-		}, "sequence 1 after 1"},
-		{"delta before snapshot_done", func(st *stream) error {
-			_ = st.send(true, false, added("c1", nil))
-			return st.send(false, false, synced("c1"))
-		}, "response 2 is a delta before the snapshot was done"},
-		{"delta as the first response", func(st *stream) error {
-			return st.send(false, false, added("c1", nil))
-		}, "response 1 is a delta before the snapshot was done"},
-		{"event for an instance never added", func(st *stream) error {
-			return st.send(true, true, added("c1", nil), upsert("c9", "a.example.com", 80))
-		}, "response 1 event 1: *registryv1.Event_ServiceUpserted for instance static:Static/c9 that was never added"},
-		{"endpoints for an unknown service", func(st *stream) error {
-			return st.send(true, true, added("c1", nil), endpoints("c1", "a.example.com", "10.0.0.1"))
-		}, `response 1 event 1: endpoints for unknown service "a.example.com"`},
-		{"event without identity", func(st *stream) error {
-			return st.send(true, true, &registryv1.Event{Kind: &registryv1.Event_InstanceSynced{}})
-		}, "response 1 event 0: event without instance identity"},
-		{"service without hostname", func(st *stream) error {
-			return st.send(true, true, added("c1", nil), upsert("c1", "", 80))
-		}, "response 1 event 1: service without hostname"},
+		{"string reference out of range", outOfRange,
+			`protocol error in batch 2, event 5 (endpoints_replaced, instance "Static/c1"): endpoint 0 (10.0.0.7): network_ref 2 is out of range: the event has 1 strings`},
+		{"endpoints of an unknown service", endpoints("c1", "z.example.com", "10.0.0.8"),
+			`protocol error in batch 2, event 5 (endpoints_replaced, instance "Static/c1"): endpoints for service "z.example.com", which the instance has not upserted`},
+		{"event of an instance never added", synced("c9"),
+			`protocol error in batch 2, event 5 (instance_synced, instance "Static/c9"): the instance was never added, or was removed`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.run(connect(replica.NewStore(nil), "static"))
-			if err == nil || err.Error() != tt.want {
-				t.Errorf("err = %v, want %q", err, tt.want)
+			s := replica.NewStore(nil)
+			st := connect(s, "static")
+			st.snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), endpoints("c1", "a.example.com", "10.0.0.1"),
+				gateways("c1", "1.1.1.1"), synced("c1"))
+			in := s.Instance(key("static", "c1"))
+			before := in.Status()
+			var published []replica.Change
+			s.Subscribe(func(c replica.Change) { published = append(published, c) })
+
+			err := st.send(false, false,
+				upsert("c1", "b.example.com", 80), endpoints("c1", "a.example.com", "10.0.0.2"), gateways("c1", "2.2.2.2"),
+				added("c2", nil), health("c1", false, "down"), tt.bad)
+			var perr *pluginclient.ProtocolError
+			if err == nil || err.Error() != tt.want || !errors.As(err, &perr) {
+				t.Fatalf("error:\n got %v\nwant %s", err, tt.want)
+			}
+			if len(published) != 0 {
+				t.Errorf("the refused batch published %+v", published)
+			}
+			if got := hostnames(in); !slices.Equal(got, []string{"a.example.com"}) {
+				t.Errorf("services %v, want only a: b came from the refused batch", got)
+			}
+			if got := addrs(in.Endpoints("a.example.com")); got != "10.0.0.1" {
+				t.Errorf("endpoints of a = %s, want 10.0.0.1 from before the refused batch", got)
+			}
+			if gws := in.Gateways(); len(gws) != 1 || gws[0].Address != "1.1.1.1" {
+				t.Errorf("gateways %+v, want 1.1.1.1 from before the refused batch", gws)
+			}
+			if s.Instance(key("static", "c2")) != nil {
+				t.Errorf("instance c2 of the refused batch was added")
+			}
+			if after := in.Status(); after.Events != before.Events || after.Health != nil {
+				t.Errorf("status changed by the refused batch: %+v, was %+v", after, before)
 			}
 		})
+	}
+}
+
+// TestBatchIsAtomicForReaders: a reader never sees half of a batch. Each
+// batch moves both services of an instance to a new port; a reader that
+// lists the services (under the instance's lock) must always find them on
+// the same port.
+func TestBatchIsAtomicForReaders(t *testing.T) {
+	s := replica.NewStore(nil)
+	st := connect(s, "static")
+	st.snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 1), upsert("c1", "b.example.com", 1), synced("c1"))
+	in := s.Instance(key("static", "c1"))
+
+	stop := make(chan struct{})
+	torn := make(chan string, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			svcs := in.Services()
+			if p, q := svcs[0].Ports[0].Number, svcs[1].Ports[0].Number; p != q {
+				select {
+				case torn <- fmt.Sprintf("a on port %d, b on port %d", p, q):
+				default:
+				}
+				return
+			}
+		}
+	})
+	for port := uint32(2); port < 5000; port++ {
+		st.delta(t, upsert("c1", "a.example.com", port), upsert("c1", "b.example.com", port))
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case msg := <-torn:
+		t.Errorf("a reader saw half a batch: %s", msg)
+	default:
 	}
 }
 

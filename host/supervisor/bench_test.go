@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -12,8 +13,8 @@ import (
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/replica"
-	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
 const (
@@ -57,7 +58,7 @@ func BenchmarkBoundaryThroughput(b *testing.B) {
 			}
 			client := goplugin.NewClient(&goplugin.ClientConfig{
 				HandshakeConfig:  sdk.Handshake,
-				Plugins:          goplugin.PluginSet{sdk.PluginName: &sdk.GRPCPlugin{}},
+				Plugins:          pluginclient.PluginSet(),
 				Reattach:         rc,
 				AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 				Logger:           hclog.NewNullLogger(),
@@ -71,25 +72,27 @@ func BenchmarkBoundaryThroughput(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			rpc := raw.(registryv1.RegistryClient)
+			pc := raw.(*pluginclient.Client)
 			cfg := fmt.Sprintf(`{"batches": %d, "size": %d, "services": %d}`, benchBatches, benchBatchSize, benchBatches)
-			if _, err := rpc.Configure(ctx, &registryv1.ConfigureRequest{ConfigJson: []byte(cfg)}); err != nil {
+			if _, err := pc.Configure(ctx, &pluginclient.ConfigureRequest{ConfigJSON: []byte(cfg)}); err != nil {
 				b.Fatal(err)
 			}
-			stream, err := rpc.Watch(ctx, &registryv1.WatchRequest{})
+			stream, err := pc.Watch(ctx, &pluginclient.WatchRequest{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			sess := store.NewSession("bench")
 			go func() {
 				for {
-					resp, err := stream.Recv()
+					batch, err := stream.Recv()
+					var perr *pluginclient.ProtocolError
+					if errors.As(err, &perr) {
+						panic(err)
+					}
 					if err != nil {
 						return
 					}
-					if err := sess.Apply(resp); err != nil {
-						panic(err)
-					}
+					sess.ApplyBatch(batch)
 				}
 			}()
 			total += clock.wait(b)

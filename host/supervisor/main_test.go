@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/hcl/v2"
@@ -55,6 +56,12 @@ func servePlugin(mode string) {
 			VersionedPlugins: map[int]goplugin.PluginSet{99: {sdk.PluginName: &sdk.GRPCPlugin{}}},
 			GRPCServer:       goplugin.DefaultGRPCServer,
 		})
+	case "gateways":
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &gatewaysPlugin{rt: rt} })
+	case "gateways-declared":
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &gatewaysPlugin{rt: rt, declare: true} })
+	case "gateways-late":
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &gatewaysPlugin{rt: rt, late: 200 * time.Millisecond} })
 	case "crash":
 		fmt.Fprintln(os.Stderr, "crashing on purpose")
 		os.Exit(1)
@@ -211,4 +218,41 @@ func (panicPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.Describ
 
 func (panicPlugin) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	return &sdk.ConfigureResponse{}, nil
+}
+
+// gatewaysPlugin reports one instance with a service and a network gateway.
+// Unless declare is set it does not declare CAPABILITY_GATEWAYS, which the
+// host must refuse.
+type gatewaysPlugin struct {
+	rt      sdk.Runtime
+	declare bool
+	// late, when set, publishes the gateways only this long after the
+	// instance has synced, so the host first sees a healthy stream.
+	late time.Duration
+}
+
+func (p *gatewaysPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	caps := []sdk.Capability{sdk.CapabilityReconfigure}
+	if p.declare {
+		caps = append(caps, sdk.CapabilityGateways)
+	}
+	return &sdk.DescribeResponse{Name: "gateways", Version: "1", Capabilities: caps}, nil
+}
+
+func (p *gatewaysPlugin) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	id := sdk.InstanceID{Provider: "Test", Cluster: "c1"}
+	st := p.rt.State
+	st.SetInstance(id, sdk.InstanceProperties{})
+	if err := st.UpsertService(id, &sdk.Service{Hostname: "ok.test", Ports: []sdk.Port{{Name: "http", Number: 80, Protocol: "HTTP"}}}); err != nil {
+		return nil, err
+	}
+	gws := []sdk.NetworkGateway{{Network: "n1", Cluster: "c1", Address: "192.0.2.1", Port: 15443}}
+	if p.late > 0 {
+		time.AfterFunc(p.late, func() { _ = st.SetGateways(id, gws) })
+		return &sdk.ConfigureResponse{}, st.MarkSynced(id)
+	}
+	if err := st.SetGateways(id, gws); err != nil {
+		return nil, err
+	}
+	return &sdk.ConfigureResponse{}, st.MarkSynced(id)
 }

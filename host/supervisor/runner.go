@@ -17,9 +17,8 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/estuary-mesh/estuary/host/config"
-	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
-	"github.com/estuary-mesh/estuary/sdk/configschema"
+	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
 // State of a plugin, as /debug/pluginz shows it.
@@ -65,8 +64,8 @@ type runner struct {
 	mu             sync.Mutex
 	cfg            *config.Plugin
 	status         Status
-	rpc            registryv1.RegistryClient // nil while not connected
-	schema         *sdk.Schema               // from the last Describe
+	client         *pluginclient.Client // nil while not connected
+	schema         *sdk.Schema          // from the last Describe
 	canReconfigure bool
 	wake           chan struct{} // a reload arrived while waiting
 	restart        chan struct{} // kill the current process and start again
@@ -218,18 +217,18 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("plugin %q: dispense: %w", cfg.Label, err)
 	}
-	rpc := raw.(registryv1.RegistryClient)
+	pc := raw.(*pluginclient.Client)
 
 	dctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
-	desc, err := rpc.Describe(dctx, &registryv1.DescribeRequest{})
+	desc, err := pc.Describe(dctx, &pluginclient.DescribeRequest{})
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("plugin %q: describe: %w", cfg.Label, err)
 	}
-	if desc.GetProtocolVersion() != sdk.ProtocolVersion {
-		return false, configErr{fmt.Errorf("plugin %q: speaks registry protocol %d, the host speaks %d", cfg.Label, desc.GetProtocolVersion(), sdk.ProtocolVersion)}
+	if desc.ProtocolVersion != sdk.ProtocolVersion {
+		return false, configErr{fmt.Errorf("plugin %q: speaks registry protocol %d, the host speaks %d", cfg.Label, desc.ProtocolVersion, sdk.ProtocolVersion)}
 	}
-	schema := configschema.FromProto(desc.GetConfigSchema())
+	schema := desc.ConfigSchema
 	if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
 		return false, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
 	}
@@ -239,33 +238,35 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	}
 	r.mu.Lock()
 	r.schema = schema
-	r.canReconfigure = hasCapability(desc, registryv1.Capability_CAPABILITY_RECONFIGURE)
-	r.status.Name, r.status.Version, r.status.ProtocolVersion = desc.GetName(), desc.GetVersion(), desc.GetProtocolVersion()
+	r.canReconfigure = desc.HasCapability(sdk.CapabilityReconfigure)
+	r.status.Name, r.status.Version, r.status.ProtocolVersion = desc.Name, desc.Version, desc.ProtocolVersion
 	r.status.Capabilities = nil
-	for _, c := range desc.GetCapabilities() {
-		r.status.Capabilities = append(r.status.Capabilities, strings.TrimPrefix(c.String(), "CAPABILITY_"))
+	for _, c := range desc.Capabilities {
+		r.status.Capabilities = append(r.status.Capabilities, c.String())
 	}
 	r.status.PID = pid
 	r.status.StartedAt = time.Now()
 	r.mu.Unlock()
 
-	if err := r.configure(ctx, rpc, cfg); err != nil {
+	if err := r.configure(ctx, pc, cfg); err != nil {
 		return false, err
 	}
 
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
-	stream, err := rpc.Watch(sctx, &registryv1.WatchRequest{})
+	// The plugin is held to the capabilities it declared: an event that
+	// needs another one ends the stream as a protocol error.
+	stream, err := pc.Watch(sctx, &pluginclient.WatchRequest{Capabilities: desc.Capabilities})
 	if err != nil {
 		return false, fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 	}
 	r.mu.Lock()
-	r.rpc = rpc
+	r.client = pc
 	r.status.State = StateRunning
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
-		r.rpc = nil
+		r.client = nil
 		r.mu.Unlock()
 	}()
 	r.sup.metrics.up.WithLabelValues(cfg.Label).Set(1)
@@ -281,11 +282,21 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 
 	sess := r.sup.store.NewSession(cfg.Label)
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			if sctx.Err() != nil && ctx.Err() == nil {
-				return sess.SnapshotDone(), fmt.Errorf("plugin %q: restart requested", cfg.Label)
-			}
+		b, err := stream.Recv()
+		var perr *pluginclient.ProtocolError
+		switch {
+		case err == nil:
+		case errors.As(err, &perr):
+			// Nothing of the offending batch was applied. The run does not
+			// count as healthy, however long it lasted, so a plugin that
+			// keeps breaking the protocol backs off further each time and
+			// ends up crash-looping instead of being trusted again.
+			err = fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
+			r.logger.Error("plugin broke the protocol; its stream is dropped", "error", perr)
+			return false, err
+		case sctx.Err() != nil && ctx.Err() == nil:
+			return sess.SnapshotDone(), fmt.Errorf("plugin %q: restart requested", cfg.Label)
+		default:
 			if err == io.EOF {
 				err = errors.New("stream closed")
 			}
@@ -294,10 +305,8 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 			}
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 		}
-		if err := sess.Apply(resp); err != nil {
-			return sess.SnapshotDone(), fmt.Errorf("plugin %q: broke the protocol: %w", cfg.Label, err)
-		}
-		if resp.GetSnapshotDone() {
+		sess.ApplyBatch(b)
+		if b.SnapshotDone {
 			r.mu.Lock()
 			r.status.SnapshotReceived = true
 			r.mu.Unlock()
@@ -307,22 +316,18 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 
 // configure sends the decoded config block. Diagnostics the plugin returns
 // point into plugins.hcl.
-func (r *runner) configure(ctx context.Context, rpc registryv1.RegistryClient, cfg *config.Plugin) error {
+func (r *runner) configure(ctx context.Context, pc *pluginclient.Client, cfg *config.Plugin) error {
 	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
 	defer cancel()
 	mesh := r.sup.mesh()
-	resp, err := rpc.Configure(cctx, &registryv1.ConfigureRequest{
-		ConfigJson: cfg.ConfigJSON,
-		Mesh:       &registryv1.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterId: mesh.ClusterID, Network: mesh.Network},
+	resp, err := pc.Configure(cctx, &pluginclient.ConfigureRequest{
+		ConfigJSON: cfg.ConfigJSON,
+		Mesh:       sdk.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterID: mesh.ClusterID, Network: mesh.Network},
 	})
 	if err != nil {
 		return fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
 	}
-	var sds sdk.Diagnostics
-	for _, d := range resp.GetDiagnostics() {
-		sds = append(sds, sdk.Diagnostic{Severity: sdk.Severity(d.GetSeverity()), Summary: d.GetSummary(), Detail: d.GetDetail(), Path: d.GetPath()})
-	}
-	diags := cfg.PluginDiagnostics(sds)
+	diags := cfg.PluginDiagnostics(resp.Diagnostics)
 	for _, d := range diags {
 		if d.Severity == hcl.DiagWarning {
 			r.logger.Warn("plugin config warning", "warning", strings.TrimSpace(config.Format(hcl.Diagnostics{d})))
@@ -339,7 +344,7 @@ func (r *runner) configure(ctx context.Context, rpc registryv1.RegistryClient, c
 // reconfigured. It returns diagnostics that must keep the old config.
 func (r *runner) update(ctx context.Context, cfg *config.Plugin) hcl.Diagnostics {
 	r.mu.Lock()
-	schema, rpc, canReconfigure, state := r.schema, r.rpc, r.canReconfigure, r.status.State
+	schema, pc, canReconfigure, state := r.schema, r.client, r.canReconfigure, r.status.State
 	r.mu.Unlock()
 	if schema != nil {
 		if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
@@ -350,11 +355,11 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin) hcl.Diagnostics
 	r.cfg = cfg
 	r.mu.Unlock()
 	switch {
-	case rpc != nil && canReconfigure:
-		if err := r.configure(ctx, rpc, cfg); err != nil {
+	case pc != nil && canReconfigure:
+		if err := r.configure(ctx, pc, cfg); err != nil {
 			return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
 		}
-	case rpc != nil:
+	case pc != nil:
 		r.logger.Info("plugin cannot be reconfigured; restarting it")
 		select {
 		case r.restart <- struct{}{}:
@@ -385,7 +390,7 @@ func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.Cl
 	dieWithParent(cmd)
 	return &goplugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
-		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginName: &sdk.GRPCPlugin{}}},
+		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: pluginclient.PluginSet()},
 		Cmd:              cmd,
 		SecureConfig:     secure,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
@@ -449,15 +454,6 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-func hasCapability(d *registryv1.DescribeResponse, c registryv1.Capability) bool {
-	for _, x := range d.GetCapabilities() {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // tailBuffer keeps the last max bytes a plugin wrote to stderr, for error

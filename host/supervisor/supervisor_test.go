@@ -17,9 +17,16 @@ import (
 // newTestSupervisor runs a supervisor with short backoffs.
 func newTestSupervisor(t *testing.T) (*Supervisor, *replica.Store) {
 	t.Helper()
+	return newTestSupervisorWith(t, Options{})
+}
+
+// newTestSupervisorWith runs a supervisor with short backoffs and opts.
+func newTestSupervisorWith(t *testing.T, opts Options) (*Supervisor, *replica.Store) {
+	t.Helper()
 	store := replica.NewStore(nil)
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testLogWriter{t}})
-	sup := NewSupervisor(Options{BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, CrashLoopAfter: 3}, logger, store, nil)
+	opts.BackoffBase, opts.BackoffMax, opts.CrashLoopAfter = 100*time.Millisecond, 2*time.Second, 3
+	sup := NewSupervisor(opts, logger, store, nil)
 	t.Cleanup(run(t, sup))
 	return sup, store
 }
@@ -262,5 +269,57 @@ func TestRunStopsEveryPluginWhenItsContextEnds(t *testing.T) {
 	}
 	if n := len(sup.Statuses()); n != 2 {
 		t.Errorf("Apply after Run returned changed the plugins: %d of them", n)
+	}
+}
+
+// TestUndeclaredCapabilityRefused: a plugin process that sends gateways
+// without declaring CAPABILITY_GATEWAYS breaks the protocol. The host
+// applies nothing of the offending batch, names the event, and treats the
+// plugin as a broken stream that is never healthy: restarts with growing
+// backoff until it is crash-looping. Another plugin is not affected, and
+// the same stream from a plugin that declares the capability is accepted.
+func TestUndeclaredCapabilityRefused(t *testing.T) {
+	sup, store := newTestSupervisor(t)
+	sneaky := selfPlugin(t, "sneaky", "gateways", "")
+	honest := selfPlugin(t, "honest", "gateways-declared", "")
+	sup.Apply(&config.File{Plugins: []*config.Plugin{sneaky, honest}})
+
+	st := waitStatus(t, sup, "sneaky", "crash-looping", func(s Status) bool { return s.State == StateCrashLooping })
+	want := `plugin "sneaky": watch: protocol error in batch 1, event 2 (gateways_replaced, instance "Test/c1"): ` +
+		`gateways need capability GATEWAYS, which the plugin did not declare`
+	if st.LastError != want {
+		t.Errorf("last error:\n got %s\nwant %s", st.LastError, want)
+	}
+	if st.SnapshotReceived || st.Restarts < 3 {
+		t.Errorf("status %+v: want restarts, and no snapshot received", st)
+	}
+	if in := store.Instance(replica.InstanceKey{Plugin: "sneaky", Provider: "Test", Cluster: "c1"}); in != nil {
+		t.Errorf("the refused batch's instance is served: %+v", in.Status())
+	}
+
+	hst := waitStatus(t, sup, "honest", "running", func(s Status) bool { return s.State == StateRunning && s.SnapshotReceived })
+	if hst.Restarts != 0 || !slices.Contains(hst.Capabilities, "GATEWAYS") {
+		t.Errorf("the plugin that declared GATEWAYS: %+v", hst)
+	}
+	in := store.Instance(replica.InstanceKey{Plugin: "honest", Provider: "Test", Cluster: "c1"})
+	if in == nil || len(in.Gateways()) != 1 || in.Service("ok.test") == nil {
+		t.Fatalf("the plugin that declared GATEWAYS is not served")
+	}
+}
+
+// TestProtocolErrorIsNeverHealthy: a plugin that syncs, serves for longer
+// than HealthyAfter, and then breaks the protocol does not count as a
+// healthy run: its failures add up to crash-looping instead of starting
+// over each time. Its last good state keeps serving, stale.
+func TestProtocolErrorIsNeverHealthy(t *testing.T) {
+	sup, store := newTestSupervisorWith(t, Options{HealthyAfter: 50 * time.Millisecond})
+	sup.Apply(&config.File{Plugins: []*config.Plugin{selfPlugin(t, "late", "gateways-late", "")}})
+	st := waitStatus(t, sup, "late", "crash-looping", func(s Status) bool { return s.State == StateCrashLooping })
+	if !strings.Contains(st.LastError, "(gateways_replaced, instance \"Test/c1\"): gateways need capability GATEWAYS") {
+		t.Errorf("last error %q does not name the offending event", st.LastError)
+	}
+	in := store.Instance(replica.InstanceKey{Plugin: "late", Provider: "Test", Cluster: "c1"})
+	if in == nil || in.Service("ok.test") == nil || len(in.Gateways()) != 0 || !in.Status().Stale {
+		t.Errorf("want the state from before the protocol error served stale, without the gateways")
 	}
 }

@@ -8,11 +8,12 @@ import (
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
-	"github.com/estuary-mesh/estuary/sdk/protoconv"
+	"github.com/estuary-mesh/estuary/sdk/internal/stream"
 )
 
 // Replica is what a host would hold after applying a Watch stream, in SDK
-// types, so plugin tests can assert on it.
+// types, so plugin tests can assert on it. It checks the stream with the
+// same validator the host's plugin client runs.
 type Replica struct {
 	Instances map[sdk.InstanceID]*Instance
 	// SnapshotDone is set once the stream's snapshot is complete.
@@ -20,8 +21,9 @@ type Replica struct {
 	// Responses counts applied responses.
 	Responses int
 
-	seq uint64
-	err error
+	// decoder checks the responses given to Apply; a Watcher's replica has
+	// none, because the plugin client checks its stream.
+	decoder *stream.Decoder
 }
 
 // Instance is the replicated state of one instance.
@@ -35,92 +37,90 @@ type Instance struct {
 	Health *sdk.InstanceHealth
 }
 
-// NewReplica returns an empty replica.
-func NewReplica() *Replica { return &Replica{Instances: map[sdk.InstanceID]*Instance{}} }
+// NewReplica returns an empty replica for the responses of one raw Watch
+// stream, given to Apply. Not knowing the plugin's capabilities, it checks
+// every rule of the protocol but those that depend on them; the conformance
+// suite's watchers (Harness.Watch) check those too.
+func NewReplica() *Replica {
+	r := newReplica()
+	r.decoder = stream.NewDecoder([]sdk.Capability{sdk.CapabilityMultiInstance, sdk.CapabilityGateways})
+	return r
+}
+
+func newReplica() *Replica { return &Replica{Instances: map[sdk.InstanceID]*Instance{}} }
 
 // Instance returns the instance with the given identity, or nil.
 func (r *Replica) Instance(provider, cluster string) *Instance {
 	return r.Instances[sdk.InstanceID{Provider: provider, Cluster: cluster}]
 }
 
-// Apply applies one response and reports the first protocol violation.
+// Apply applies one response, all or nothing. It returns the first
+// protocol violation of the stream (a *pluginclient.ProtocolError naming
+// the batch and event), on this response and every later one.
 func (r *Replica) Apply(resp *registryv1.WatchResponse) error {
 	r.Responses++
-	if resp.GetSequence() != r.seq+1 {
-		return r.fail("sequence %d follows %d; want %d", resp.GetSequence(), r.seq, r.seq+1)
+	b, err := r.decoder.Decode(resp)
+	if err != nil {
+		return err
 	}
-	r.seq = resp.GetSequence()
-	switch {
-	case !r.SnapshotDone && !resp.GetSnapshot():
-		return r.fail("response %d is not marked snapshot, but the snapshot is not done", r.seq)
-	case r.SnapshotDone && (resp.GetSnapshot() || resp.GetSnapshotDone()):
-		return r.fail("response %d is marked snapshot after the snapshot was done", r.seq)
-	}
-	for i, ev := range resp.GetEvents() {
-		if err := r.applyEvent(ev); err != nil {
-			return r.fail("response %d event %d: %v", r.seq, i, err)
+	r.apply(b)
+	return nil
+}
+
+// apply applies a batch the decoder has checked, so nothing in it can fail.
+func (r *Replica) apply(b *stream.Batch) {
+	for i := range b.Events {
+		ev := &b.Events[i]
+		in := r.Instances[ev.Instance]
+		switch ev.Kind {
+		case stream.KindInstanceAdded:
+			if in == nil {
+				in = &Instance{Services: map[string]*sdk.Service{}, Endpoints: map[string][]sdk.Endpoint{}}
+				r.Instances[ev.Instance] = in
+			}
+			in.Properties = ev.Properties
+		case stream.KindInstanceRemoved:
+			delete(r.Instances, ev.Instance)
+		case stream.KindServiceUpserted:
+			in.Services[ev.Service.Hostname] = ev.Service
+		case stream.KindServiceDeleted:
+			delete(in.Services, ev.Hostname)
+			delete(in.Endpoints, ev.Hostname)
+		case stream.KindEndpointsReplaced:
+			in.Endpoints[ev.Hostname] = sdkEndpoints(ev.Endpoints)
+		case stream.KindGatewaysReplaced:
+			in.Gateways = ev.Gateways
+		case stream.KindInstanceSynced:
+			in.Synced = true
+		case stream.KindInstanceHealth:
+			in.Health = ev.Health
 		}
 	}
-	if resp.GetSnapshotDone() {
+	if b.SnapshotDone {
 		r.SnapshotDone = true
 	}
-	return nil
 }
 
-func (r *Replica) fail(format string, args ...any) error {
-	if r.err == nil {
-		r.err = fmt.Errorf(format, args...)
-	}
-	return r.err
-}
-
-func (r *Replica) applyEvent(ev *registryv1.Event) error {
-	pid := ev.GetInstance()
-	if pid.GetProvider() == "" || pid.GetCluster() == "" {
-		return fmt.Errorf("event %T has no instance identity (provider %q, cluster %q)", ev.GetKind(), pid.GetProvider(), pid.GetCluster())
-	}
-	id := sdk.InstanceID{Provider: pid.GetProvider(), Cluster: pid.GetCluster()}
-	in := r.Instances[id]
-	if _, added := ev.GetKind().(*registryv1.Event_InstanceAdded); !added && in == nil {
-		return fmt.Errorf("%T for instance %s before it was added", ev.GetKind(), id)
-	}
-	switch k := ev.GetKind().(type) {
-	case *registryv1.Event_InstanceAdded:
-		if in == nil {
-			in = &Instance{Services: map[string]*sdk.Service{}, Endpoints: map[string][]sdk.Endpoint{}}
-			r.Instances[id] = in
+// sdkEndpoints expands the decoder's compact endpoints into the SDK's type,
+// which plugin tests compare with what they published.
+func sdkEndpoints(set *stream.EndpointSet) []sdk.Endpoint {
+	out := make([]sdk.Endpoint, set.Len())
+	for i := range out {
+		e := &set.Endpoints[i]
+		out[i] = sdk.Endpoint{
+			Address:        e.Address,
+			TargetPorts:    e.TargetPorts,
+			Labels:         e.Labels,
+			Network:        e.Network,
+			Locality:       sdk.ParseLocality(e.Locality),
+			Weight:         e.Weight,
+			TLSMode:        e.TLSMode,
+			ServiceAccount: e.ServiceAccount,
+			Health:         e.Health,
+			WorkloadName:   e.WorkloadName,
 		}
-		in.Properties = protoconv.Properties(k.InstanceAdded.GetProperties())
-	case *registryv1.Event_InstanceRemoved:
-		delete(r.Instances, id)
-	case *registryv1.Event_ServiceUpserted:
-		svc := protoconv.Service(k.ServiceUpserted.GetService())
-		if svc.Hostname == "" {
-			return fmt.Errorf("service without hostname in %s", id)
-		}
-		in.Services[svc.Hostname] = svc
-	case *registryv1.Event_ServiceDeleted:
-		delete(in.Services, k.ServiceDeleted.GetHostname())
-		delete(in.Endpoints, k.ServiceDeleted.GetHostname())
-	case *registryv1.Event_EndpointsReplaced:
-		h := k.EndpointsReplaced.GetHostname()
-		if _, ok := in.Services[h]; !ok {
-			return fmt.Errorf("endpoints for unknown service %q in %s", h, id)
-		}
-		in.Endpoints[h] = protoconv.Endpoints(k.EndpointsReplaced)
-	case *registryv1.Event_GatewaysReplaced:
-		in.Gateways = nil
-		for _, g := range k.GatewaysReplaced.GetGateways() {
-			in.Gateways = append(in.Gateways, protoconv.Gateway(g))
-		}
-	case *registryv1.Event_InstanceSynced:
-		in.Synced = true
-	case *registryv1.Event_InstanceHealth:
-		in.Health = protoconv.Health(k.InstanceHealth)
-	default:
-		return fmt.Errorf("event of unknown kind %T", ev.GetKind())
 	}
-	return nil
+	return out
 }
 
 // Diff describes how two replicas' contents differ ("" if equal). Sync and

@@ -16,6 +16,7 @@ package sdktest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -26,11 +27,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
-	"google.golang.org/grpc"
 
-	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/configschema"
+	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
 // Suite describes a plugin under test.
@@ -98,7 +98,7 @@ func Run(t *testing.T, s Suite) {
 	if s.Reconfig != "" {
 		recfg = decode(t, s.Reconfig, desc.ConfigSchema)
 	}
-	if !hasCapability(desc, registryv1.Capability_CAPABILITY_RECONFIGURE) {
+	if !desc.HasCapability(sdk.CapabilityReconfigure) {
 		t.Errorf("Describe: plugin lacks CAPABILITY_RECONFIGURE; the host would restart it on every config change")
 	}
 	if diags := h.configure(t, recfg, s.Mesh); diags.HasErrors() {
@@ -132,21 +132,12 @@ func AllSynced(r *Replica) bool {
 	return true
 }
 
-func hasCapability(d *registryv1.DescribeResponse, c registryv1.Capability) bool {
-	for _, x := range d.GetCapabilities() {
-		if x == c {
-			return true
-		}
-	}
-	return false
-}
-
 // Harness is one plugin served in-process, reached through go-plugin. Plugin
 // tests use it to drive a plugin beyond the fixed suite.
 type Harness struct {
 	client *plugin.Client
 	conn   plugin.ClientProtocol
-	rpc    registryv1.RegistryClient
+	rpc    *pluginclient.Client
 	closed <-chan struct{}
 	cancel context.CancelFunc
 	once   sync.Once
@@ -169,7 +160,7 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: sdk.Handshake,
 		// A reattached client does not negotiate, so it takes Plugins.
-		Plugins:          plugin.PluginSet{sdk.PluginName: &sdk.GRPCPlugin{}},
+		Plugins:          pluginclient.PluginSet(),
 		Reattach:         rc,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           hclog.NewNullLogger(),
@@ -185,7 +176,7 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 		cancel()
 		t.Fatalf("dispense %q: %v", sdk.PluginName, err)
 	}
-	h := &Harness{client: client, conn: cp, rpc: raw.(registryv1.RegistryClient), closed: closed, cancel: cancel}
+	h := &Harness{client: client, conn: cp, rpc: raw.(*pluginclient.Client), closed: closed, cancel: cancel}
 	t.Cleanup(h.Kill)
 	return h
 }
@@ -222,22 +213,22 @@ func (inProcess) HostToPlugin(n, a string) (string, string, error) {
 }
 
 // Describe calls Describe and checks the identity it returns.
-func (h *Harness) Describe(t testing.TB) *registryv1.DescribeResponse {
+func (h *Harness) Describe(t testing.TB) *pluginclient.DescribeResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := h.rpc.Describe(ctx, &registryv1.DescribeRequest{})
+	d, err := h.rpc.Describe(ctx, &pluginclient.DescribeRequest{})
 	if err != nil {
 		t.Fatalf("Describe: %v", err)
 	}
-	if d.GetName() == "" {
+	if d.Name == "" {
 		t.Errorf("Describe: empty plugin name")
 	}
-	if d.GetVersion() == "" {
+	if d.Version == "" {
 		t.Errorf("Describe: empty plugin version")
 	}
-	if d.GetProtocolVersion() != sdk.ProtocolVersion {
-		t.Errorf("Describe: protocol version %d, want %d", d.GetProtocolVersion(), sdk.ProtocolVersion)
+	if d.ProtocolVersion != sdk.ProtocolVersion {
+		t.Errorf("Describe: protocol version %d, want %d", d.ProtocolVersion, sdk.ProtocolVersion)
 	}
 	return d
 }
@@ -254,7 +245,7 @@ func (h *Harness) Configure(t testing.TB, config string, mesh sdk.MeshSettings) 
 // TryConfigure applies config and returns the plugin's diagnostics.
 func (h *Harness) TryConfigure(t testing.TB, config string, mesh sdk.MeshSettings) sdk.Diagnostics {
 	t.Helper()
-	cfg := decode(t, config, h.Describe(t).GetConfigSchema())
+	cfg := decode(t, config, h.Describe(t).ConfigSchema)
 	return h.configure(t, cfg, mesh)
 }
 
@@ -262,23 +253,16 @@ func (h *Harness) configure(t testing.TB, cfg []byte, mesh sdk.MeshSettings) sdk
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := h.rpc.Configure(ctx, &registryv1.ConfigureRequest{
-		ConfigJson: cfg,
-		Mesh:       &registryv1.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterId: mesh.ClusterID, Network: mesh.Network},
-	})
+	resp, err := h.rpc.Configure(ctx, &pluginclient.ConfigureRequest{ConfigJSON: cfg, Mesh: mesh})
 	if err != nil {
 		t.Fatalf("Configure: %v", err)
 	}
-	var diags sdk.Diagnostics
-	for _, d := range resp.GetDiagnostics() {
-		diags = append(diags, sdk.Diagnostic{Severity: sdk.Severity(d.GetSeverity()), Summary: d.GetSummary(), Detail: d.GetDetail(), Path: d.GetPath()})
-	}
-	return diags
+	return resp.Diagnostics
 }
 
-func decode(t testing.TB, src string, schema *registryv1.Schema) []byte {
+func decode(t testing.TB, src string, schema *sdk.Schema) []byte {
 	t.Helper()
-	js, diags := configschema.ParseHCL("config.hcl", []byte(src), configschema.FromProto(schema))
+	js, diags := configschema.ParseHCL("config.hcl", []byte(src), schema)
 	if diags.HasErrors() {
 		t.Fatalf("config does not match the plugin's schema: %s", diags.Error())
 	}
@@ -295,16 +279,25 @@ type Watcher struct {
 	cancel  context.CancelFunc
 }
 
-// Watch opens a Watch stream; it is closed when the test ends.
+// Watch opens a Watch stream; it is closed when the test ends. The stream
+// goes through the host's own plugin client, so it is checked exactly as
+// the host checks it, including against the capabilities the plugin
+// declares: gateways from a plugin without CAPABILITY_GATEWAYS, or a second
+// instance from one without CAPABILITY_MULTI_INSTANCE, are violations.
 func (h *Harness) Watch(t testing.TB) *Watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := h.rpc.Watch(ctx, &registryv1.WatchRequest{})
+	desc, err := h.rpc.Describe(ctx, &pluginclient.DescribeRequest{})
+	if err != nil {
+		cancel()
+		t.Fatalf("Describe: %v", err)
+	}
+	stream, err := h.rpc.Watch(ctx, &pluginclient.WatchRequest{Capabilities: desc.Capabilities})
 	if err != nil {
 		cancel()
 		t.Fatalf("Watch: %v", err)
 	}
-	w := &Watcher{replica: NewReplica(), cancel: cancel}
+	w := &Watcher{replica: newReplica(), cancel: cancel}
 	w.cond = sync.NewCond(&w.mu)
 	go w.run(stream)
 	t.Cleanup(w.Stop)
@@ -314,22 +307,28 @@ func (h *Harness) Watch(t testing.TB) *Watcher {
 // Stop closes the stream.
 func (w *Watcher) Stop() { w.cancel() }
 
-func (w *Watcher) run(stream grpc.ServerStreamingClient[registryv1.WatchResponse]) {
+func (w *Watcher) run(stream *pluginclient.WatchStream) {
 	for {
-		resp, err := stream.Recv()
+		b, err := stream.Recv()
 		w.mu.Lock()
 		if err != nil {
+			// A protocol violation has ended the stream, as it does in the
+			// host: the plugin is not listened to any further.
+			var perr *pluginclient.ProtocolError
 			w.ended = true
-			if err != io.EOF && w.replica.err == nil && !w.replica.SnapshotDone {
+			switch {
+			case w.err != nil:
+			case errors.As(err, &perr):
+				w.err = err
+			case err != io.EOF && !w.replica.SnapshotDone:
 				w.err = fmt.Errorf("stream ended before the snapshot was complete: %w", err)
 			}
 			w.cond.Broadcast()
 			w.mu.Unlock()
 			return
 		}
-		if verr := w.replica.Apply(resp); verr != nil && w.err == nil {
-			w.err = verr
-		}
+		w.replica.Responses++
+		w.replica.apply(b)
 		w.cond.Broadcast()
 		w.mu.Unlock()
 	}

@@ -37,7 +37,9 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Capability is an optional feature of a plugin.
+// Capability is an optional feature of a plugin. A plugin is held to the
+// capabilities it declares: an event that needs one it did not declare is a
+// protocol error, which ends the stream.
 type Capability int32
 
 const (
@@ -46,9 +48,12 @@ const (
 	// called more than once). Without it, the host restarts the plugin on a
 	// config change.
 	Capability_CAPABILITY_RECONFIGURE Capability = 1
-	// The plugin may report more than one instance.
+	// The plugin may report more than one instance at a time. Without it, an
+	// InstanceAdded of a second instance while another is still reported is a
+	// protocol error.
 	Capability_CAPABILITY_MULTI_INSTANCE Capability = 2
-	// The plugin reports network gateways.
+	// The plugin reports network gateways. Without it, GatewaysReplaced is a
+	// protocol error.
 	Capability_CAPABILITY_GATEWAYS Capability = 3
 )
 
@@ -976,7 +981,9 @@ func (*WatchRequest) Descriptor() ([]byte, []int) {
 }
 
 // WatchResponse is one batch of events. A batch is applied atomically by the
-// host: no reader sees half of it.
+// host: no reader sees half of it. The host checks the whole batch before it
+// applies any of it; a batch that breaks the protocol anywhere ends the
+// stream, and the host restarts the plugin.
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sequence numbers responses on one stream, starting at 1, with no gaps.
@@ -2271,7 +2278,8 @@ type Endpoint struct {
 	// debugging.
 	WorkloadName string `protobuf:"bytes,10,opt,name=workload_name,json=workloadName,proto3" json:"workload_name,omitempty"`
 	// label_set, when not 0, is the 1-based index of this endpoint's labels in
-	// EndpointsReplaced.label_sets; labels is then empty.
+	// EndpointsReplaced.label_sets; labels is then empty. This and every other
+	// reference below must be in range: one that is not is a protocol error.
 	LabelSet uint32 `protobuf:"varint,11,opt,name=label_set,json=labelSet,proto3" json:"label_set,omitempty"`
 	// port_set, when not 0, is the 1-based index of this endpoint's target
 	// ports in EndpointsReplaced.port_sets; target_ports is then empty.
