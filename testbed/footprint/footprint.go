@@ -1,7 +1,7 @@
-// Package usage reads a Go process's resource use from its Prometheus
+// Package footprint reads a Go process's resource use from its Prometheus
 // /metrics (client_golang's Go and process collectors) and decides whether
 // it grew over a long run, for soaks and fleet benchmarks.
-package usage
+package footprint
 
 import (
 	"bufio"
@@ -52,15 +52,15 @@ func Scrape(ctx context.Context, url string) (Sample, error) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return Sample{}, fmt.Errorf("usage: %w", err)
+		return Sample{}, fmt.Errorf("footprint: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return Sample{}, fmt.Errorf("usage: GET %s: %s", url, resp.Status)
+		return Sample{}, fmt.Errorf("footprint: GET %s: %s", url, resp.Status)
 	}
 	s, err := Parse(resp.Body)
 	if err != nil {
-		return Sample{}, fmt.Errorf("usage: GET %s: %w", url, err)
+		return Sample{}, fmt.Errorf("footprint: GET %s: %w", url, err)
 	}
 	return s, nil
 }
@@ -135,7 +135,7 @@ const Window = 3
 func Check(samples []Sample, base int, limits []Limit) ([]Result, error) {
 	n := len(samples) - base
 	if base < 0 || n < 2 {
-		return nil, fmt.Errorf("usage: %d samples from %d on: need a baseline and a later sample", max(n, 0), base)
+		return nil, fmt.Errorf("footprint: %d samples from %d on: need a baseline and a later sample", max(n, 0), base)
 	}
 	w := max(1, min(Window, n/2))
 	out := make([]Result, 0, len(limits))
@@ -145,7 +145,7 @@ func Check(samples []Sample, base int, limits []Limit) ([]Result, error) {
 			for _, s := range ss {
 				v, ok := s.Values[l.Metric]
 				if !ok {
-					return 0, fmt.Errorf("usage: sample at %s has no %s", s.At.Format(time.TimeOnly), l.Metric)
+					return 0, fmt.Errorf("footprint: sample at %s has no %s", s.At.Format(time.TimeOnly), l.Metric)
 				}
 				vs = append(vs, v)
 			}
