@@ -123,21 +123,18 @@ func (r Result) String() string {
 		r.Metric, Format(r.Metric, r.Baseline), Format(r.Metric, r.Final), Format(r.Metric, r.Allowed), r.Rel*100, Format(r.Metric, r.Abs), verdict)
 }
 
-// Window is how many consecutive samples make one level.
-const Window = 3
-
-// Check compares, for each limit, the level of the samples at the start of
-// samples[base:] (the first ones after warm-up) with the level of the last
-// ones. A level is the minimum over Window samples, or over fewer when the
-// run is short (half of the samples after base, at least one each). The
-// minimum is the floor a leak raises: a GC cycle or a busy moment lifts
-// single samples, not the floor under several.
-func Check(samples []Sample, base int, limits []Limit) ([]Result, error) {
+// Check compares, for each limit, the level of the first window samples
+// of samples[base:] (the first ones after warm-up) with the level of the
+// last window samples. A level is the minimum over its samples: a GC
+// cycle or a busy moment lifts single samples, but a leak lifts the floor
+// under all of them. A short run uses fewer samples per level (half of
+// those after base, at least one each).
+func Check(samples []Sample, base, window int, limits []Limit) ([]Result, error) {
 	n := len(samples) - base
 	if base < 0 || n < 2 {
 		return nil, fmt.Errorf("footprint: %d samples from %d on: need a baseline and a later sample", max(n, 0), base)
 	}
-	w := max(1, min(Window, n/2))
+	w := max(1, min(window, n/2))
 	out := make([]Result, 0, len(limits))
 	for _, l := range limits {
 		level := func(ss []Sample) (float64, error) {

@@ -26,6 +26,7 @@ func TestCheck(t *testing.T) {
 		name    string
 		limit   Limit
 		base    int
+		window  int // 3 if zero
 		values  []float64
 		grew    bool
 		wantErr bool
@@ -38,6 +39,8 @@ func TestCheck(t *testing.T) {
 		{name: "steady leak", limit: heap, values: []float64{100, 110, 120, 130, 140, 150, 160, 170, 180}, grew: true},
 		{name: "step up after warm-up", limit: heap, values: []float64{100, 100, 100, 100, 130, 130, 130}, grew: true},
 		{name: "leak under GC sawtooth", limit: heap, values: []float64{100, 190, 110, 200, 120, 210, 130, 220, 140}, grew: true},
+		{name: "noise judged by single samples", limit: heap, window: 1, values: []float64{31, 42, 33, 38, 32, 40}, grew: true},
+		{name: "the same noise judged by floors", limit: heap, window: 3, values: []float64{31, 42, 33, 38, 32, 40}},
 		{name: "shrinking", limit: heap, values: []float64{200 * mib, 190 * mib, 150 * mib, 120 * mib}},
 		{name: "fds within slack", limit: fds, values: []float64{1030, 1031, 1040, 1049, 1050, 1050}},
 		{name: "fds past slack", limit: fds, values: []float64{1030, 1030, 1030, 1051, 1052, 1051}, grew: true},
@@ -48,7 +51,11 @@ func TestCheck(t *testing.T) {
 		{name: "no samples", limit: fds, wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs, err := Check(series(tc.limit.Metric, tc.values...), tc.base, []Limit{tc.limit})
+			window := tc.window
+			if window == 0 {
+				window = 3
+			}
+			rs, err := Check(series(tc.limit.Metric, tc.values...), tc.base, window, []Limit{tc.limit})
 			if tc.wantErr {
 				if err == nil {
 					t.Fatalf("Check = %v, want an error", rs)
@@ -66,7 +73,7 @@ func TestCheck(t *testing.T) {
 }
 
 func TestCheckNeedsTheMetric(t *testing.T) {
-	if _, err := Check(series(FDs, 1, 2, 3), 0, []Limit{{Metric: Goroutines}}); err == nil {
+	if _, err := Check(series(FDs, 1, 2, 3), 0, 3, []Limit{{Metric: Goroutines}}); err == nil {
 		t.Error("Check of a metric the samples lack passed")
 	}
 }
