@@ -56,7 +56,8 @@ func TestSoak(t *testing.T) {
 	}
 	t.Cleanup(fleet.Close)
 	s := &soak{t: t, cfg: cfg, h: h, fleet: fleet, world: w, start: time.Now(), base: -1}
-	t.Logf("soak: %d clients (SotW and Delta), %s, sample every %s, warm-up %s, seed %d", cfg.clients, cfg.duration, cfg.interval, cfg.warmup.Round(time.Second), cfg.seed)
+	t.Logf("soak: %d clients (SotW and Delta), %s, a row every %s (%d scrapes), warm-up %s, seed %d",
+		cfg.clients, cfg.duration, cfg.interval, soakScrapesPerRow, cfg.warmup.Round(time.Second), cfg.seed)
 	s.converge("the first configuration")
 	t.Logf("soak: all %d clients served in %s", cfg.clients, time.Since(s.start).Round(time.Millisecond))
 	s.run()
