@@ -36,10 +36,13 @@ type Resource struct {
 	Endpoints int
 }
 
-type clusterRec struct {
-	version string
-	at      int64 // unix nanoseconds
-	eds     name  // the CLA name of an EDS cluster; zero otherwise
+// cdsHistory is how many of its last CDS responses a client remembers, to
+// tell when a cluster that did not change since arrived.
+const cdsHistory = 4
+
+type cdsEntry struct {
+	set *clusterSet
+	at  int64 // unix nanoseconds
 }
 
 type endpointRec struct {
@@ -60,12 +63,13 @@ type Client struct {
 	done   chan struct{} // closed when the connection's goroutine returns
 
 	mu        sync.Mutex
-	clusters  map[name]clusterRec
+	cds       *clusterSet // nil before the stream's first CDS response
+	cdsLog    [cdsHistory]cdsEntry
+	cdsN      int // CDS responses applied on this stream; the newest is cdsLog[(cdsN-1)%cdsHistory]
 	endpoints map[name]endpointRec
-	watched   []string // EDS names subscribed on the current stream, sorted
-	gotCDS    bool     // the current stream delivered a CDS response
+	watched   []string // EDS names subscribed on the current stream, sorted; shared, never modified
 	full      bool     // the client has held every required cluster (sticky)
-	served    bool     // gotCDS and a CLA for every watched name
+	served    bool     // the stream delivered CDS and a CLA for every watched name
 	open      bool     // a stream is open
 }
 
@@ -87,11 +91,10 @@ func (c *Client) Served() bool {
 func (c *Client) Clusters() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]string, 0, len(c.clusters))
-	for n := range c.clusters {
-		out = append(out, n.Value())
+	out := make([]string, c.cds.len())
+	for i := range out {
+		out[i] = c.cds.names[i].Value()
 	}
-	slices.Sort(out)
 	return out
 }
 
@@ -103,15 +106,34 @@ func (c *Client) Resource(typeURL, resourceName string) (Resource, bool) {
 	defer c.mu.Unlock()
 	switch typeURL {
 	case resourcev3.ClusterType:
-		if r, ok := c.clusters[n]; ok {
-			return Resource{Version: r.version, At: time.Unix(0, r.at)}, true
-		}
+		return c.clusterLocked(n)
 	case resourcev3.EndpointType:
 		if r, ok := c.endpoints[n]; ok {
 			return Resource{Version: r.version, At: time.Unix(0, r.at), Endpoints: int(r.endpoints)}, true
 		}
 	}
 	return Resource{}, false
+}
+
+// clusterLocked returns what the client holds of cluster n. It arrived
+// with the oldest of the remembered CDS responses since which it has not
+// changed.
+func (c *Client) clusterLocked(n name) (Resource, bool) {
+	i := c.cds.lookup(n)
+	if i < 0 {
+		return Resource{}, false
+	}
+	version, eds := c.cds.version[i], c.cds.eds[i]
+	at := c.cdsLog[(c.cdsN-1)%cdsHistory].at
+	for k := 2; k <= min(c.cdsN, cdsHistory); k++ {
+		e := c.cdsLog[(c.cdsN-k)%cdsHistory]
+		j := e.set.lookup(n)
+		if j < 0 || e.set.version[j] != version || e.set.eds[j] != eds {
+			break
+		}
+		at = e.at
+	}
+	return Resource{Version: version, At: time.Unix(0, at)}, true
 }
 
 // Connect opens the client's own gRPC connection and starts its ADS
@@ -205,10 +227,9 @@ func (c *Client) run(ctx context.Context, conn *grpc.ClientConn, done chan struc
 func (c *Client) beginStream() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	clear(c.clusters)
+	c.cds, c.cdsLog, c.cdsN = nil, [cdsHistory]cdsEntry{}, 0
 	clear(c.endpoints)
 	c.watched = nil
-	c.gotCDS = false
 	c.open = true
 	c.f.connected.Add(1)
 }
@@ -307,47 +328,71 @@ func decodeEndpoints(anys []*anypb.Any) ([]endpointUpdate, error) {
 	return out, nil
 }
 
-// applyClusters applies a CDS response: in SotW (replace) the response is
-// the whole set; in Delta it adds ups and removes removed. It judges the
-// result and returns the EDS names the client now watches, and whether
-// they changed.
-func (c *Client) applyClusters(replace bool, ups []clusterUpdate, versions func(int) string, removed []string, at time.Time) (watched []string, changed bool) {
+// nextClusters works out the set a CDS response leads to: SotW (replace)
+// replaces the set, Delta adds ups and drops removed. If another client
+// has applied the same response to the same set, its result is shared;
+// otherwise the response is decoded and validated, and an error is a
+// reason to NACK.
+func (c *Client) nextClusters(replace bool, anys []*anypb.Any, versions func(int) string, removed []string) (*clusterSet, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if replace {
-		clear(c.clusters)
+	prev := c.cds
+	c.mu.Unlock()
+	ss := c.f.sets
+	key := ss.responseKey(prev, replace, anys, versions, removed)
+	if s, ok := ss.remembered(key); ok {
+		return s, nil
 	}
-	for _, r := range removed {
-		delete(c.clusters, unique.Make(r))
+	ups, err := decodeClusters(anys)
+	if err != nil {
+		return nil, err
+	}
+	var es []setEntry
+	if !replace && prev != nil {
+		gone := make(map[string]bool, len(removed))
+		for _, r := range removed {
+			gone[r] = true
+		}
+		for _, e := range prev.entries() {
+			if !gone[e.name.Value()] {
+				es = append(es, e)
+			}
+		}
 	}
 	for i, u := range ups {
-		c.clusters[u.name] = clusterRec{version: versions(i), at: at.UnixNano(), eds: u.eds}
+		es = append(es, setEntry{name: u.name, eds: u.eds, version: versions(i)})
 	}
-	c.gotCDS = true
+	s := ss.build(sortEntries(es), c.f.required)
+	ss.remember(key, s)
+	return s, nil
+}
+
+// applyClusters makes s the client's clusters, judges them, and returns
+// the EDS names the client now watches, and whether they changed.
+func (c *Client) applyClusters(s *clusterSet, at time.Time) (watched []string, changed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cds = s
+	c.cdsLog[c.cdsN%cdsHistory] = cdsEntry{set: s, at: at.UnixNano()}
+	c.cdsN++
 	c.judgeClustersLocked()
 
-	var next []string
-	for n, r := range c.clusters {
-		if r.eds == (name{}) {
-			continue
+	next := s.watchAll
+	if w := c.f.opts.WatchEDS; w != nil {
+		next = nil
+		for i, n := range s.names {
+			if s.eds[i] != (name{}) && w(c.index, n.Value()) {
+				next = append(next, s.eds[i].Value())
+			}
 		}
-		if w := c.f.opts.WatchEDS; w != nil && !w(c.index, n.Value()) {
-			continue
-		}
-		next = append(next, r.eds.Value())
+		slices.Sort(next)
+		next = slices.Compact(next)
 	}
-	slices.Sort(next)
-	next = slices.Compact(next)
 	if !slices.Equal(next, c.watched) {
 		c.watched = next
 		changed = true
 		// Forget the CLAs of clusters no longer watched.
-		keep := make(map[name]struct{}, len(next))
-		for _, n := range next {
-			keep[unique.Make(n)] = struct{}{}
-		}
 		maps.DeleteFunc(c.endpoints, func(n name, _ endpointRec) bool {
-			_, ok := keep[n]
+			_, ok := slices.BinarySearch(next, n.Value())
 			return !ok
 		})
 	}
@@ -359,29 +404,23 @@ func (c *Client) applyClusters(replace bool, ups []clusterUpdate, versions func(
 // served now lacks clusters: an Envoy would accept such a response and
 // drop the clusters' endpoints.
 func (c *Client) judgeClustersLocked() {
-	req := c.f.required
-	if len(req) == 0 {
-		if len(c.clusters) > 0 {
+	s := c.cds
+	if len(c.f.required) == 0 {
+		if s.len() > 0 {
 			c.full = true
 		} else if c.full {
 			c.f.problem(c.index, ProblemEmptyCDS, "no clusters after having held some")
 		}
 		return
 	}
-	var missing []name
-	for n := range req {
-		if _, ok := c.clusters[n]; !ok {
-			missing = append(missing, n)
-		}
-	}
 	switch {
-	case len(missing) == 0:
+	case s.missing == 0:
 		c.full = true
 	case !c.full:
-	case len(c.clusters) == 0:
-		c.f.problem(c.index, ProblemEmptyCDS, fmt.Sprintf("no clusters after having held all %d required ones", len(req)))
+	case s.len() == 0:
+		c.f.problem(c.index, ProblemEmptyCDS, fmt.Sprintf("no clusters after having held all %d required ones", len(c.f.required)))
 	default:
-		c.f.problem(c.index, ProblemPartialCDS, fmt.Sprintf("lacks %d of %d required clusters, e.g. %s", len(missing), len(req), missing[0].Value()))
+		c.f.problem(c.index, ProblemPartialCDS, fmt.Sprintf("lacks %d of %d required clusters, e.g. %s", s.missing, len(c.f.required), s.firstMissing.Value()))
 	}
 }
 
@@ -411,19 +450,15 @@ func (c *Client) applyEndpoints(ups []endpointUpdate, versions func(int) string,
 
 // requiredCLALocked reports whether CLA n belongs to a required cluster.
 func (c *Client) requiredCLALocked(n name) bool {
-	if _, ok := c.f.required[n]; ok && c.clusters[n].eds == n {
-		return true // the usual case: the CLA is named after its cluster
+	if c.cds == nil {
+		return false
 	}
-	for r := range c.f.required {
-		if rec, ok := c.clusters[r]; ok && rec.eds == n {
-			return true
-		}
-	}
-	return false
+	_, ok := c.cds.requiredCLA[n]
+	return ok
 }
 
 func (c *Client) updateServedLocked() {
-	ok := c.gotCDS
+	ok := c.cds != nil
 	for _, n := range c.watched {
 		if !ok {
 			break

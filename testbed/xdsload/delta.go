@@ -27,12 +27,12 @@ func (c *Client) delta(ctx context.Context, ads discoveryv3.AggregatedDiscoveryS
 		reply := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 		switch resp.GetTypeUrl() {
 		case resourcev3.ClusterType:
-			ups, err := decodeClusters(anys)
+			set, err := c.nextClusters(false, anys, versions, resp.GetRemovedResources())
 			if err != nil {
 				reply.ErrorDetail = c.nack(err)
 				break
 			}
-			if w, changed := c.applyClusters(false, ups, versions, resp.GetRemovedResources(), at); changed {
+			if w, changed := c.applyClusters(set, at); changed {
 				sub, unsub := diffSorted(watched, w)
 				watched = w
 				if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: sub, ResourceNamesUnsubscribe: unsub}); err != nil {

@@ -64,6 +64,7 @@ type Fleet struct {
 	cancel   context.CancelFunc
 	clients  []*Client
 	required map[name]struct{}
+	sets     *sets
 
 	connected, served                     atomic.Int64
 	streams, streamErrors                 atomic.Uint64
@@ -80,14 +81,14 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	f := &Fleet{opts: opts, required: make(map[name]struct{}, len(opts.Required))}
+	f := &Fleet{opts: opts, required: make(map[name]struct{}, len(opts.Required)), sets: newSets()}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	for _, r := range opts.Required {
 		f.required[unique.Make(r)] = struct{}{}
 	}
 	f.clients = make([]*Client, opts.Clients)
 	for i := range f.clients {
-		f.clients[i] = &Client{f: f, index: i, clusters: map[name]clusterRec{}, endpoints: map[name]endpointRec{}}
+		f.clients[i] = &Client{f: f, index: i, endpoints: map[name]endpointRec{}}
 	}
 	for _, c := range f.clients {
 		if err := c.Connect(); err != nil {

@@ -26,11 +26,11 @@ func (c *Client) sotw(ctx context.Context, ads discoveryv3.AggregatedDiscoverySe
 		sameVersion := func(int) string { return version }
 		switch resp.GetTypeUrl() {
 		case resourcev3.ClusterType:
-			ups, err := decodeClusters(resp.GetResources())
+			set, err := c.nextClusters(true, resp.GetResources(), sameVersion, nil)
 			if err != nil {
 				return &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: cdsVersion, ResponseNonce: nonce, ErrorDetail: c.nack(err)}, nil
 			}
-			if w, changed := c.applyClusters(true, ups, sameVersion, nil, at); changed {
+			if w, changed := c.applyClusters(set, at); changed {
 				// Ask for the new clusters' endpoints before ACKing
 				// the clusters, as Envoy's paused EDS resumes first.
 				watched = w

@@ -329,3 +329,31 @@ func TestDiffSorted(t *testing.T) {
 		}
 	}
 }
+
+// Clients that hold the same clusters share one set, and a Delta client
+// knows that a cluster the last response did not carry arrived earlier.
+func TestClientsShareTheirClusters(t *testing.T) {
+	s := startServer(t)
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b")}, cla("a", 1), cla("b", 1))
+	f := startFleet(t, s, Options{Clients: 6, Protocol: Mixed})
+	wait(t, f, "first config", (*Client).Served)
+	cs := f.Clients()
+	for _, c := range cs[2:] {
+		if c.cds != cs[c.Index()%2].cds {
+			t.Errorf("client %d does not share its clusters with client %d", c.Index(), c.Index()%2)
+		}
+	}
+	first, _ := cs[1].Resource(resourcev3.ClusterType, "a")
+	firstSotW, _ := cs[0].Resource(resourcev3.ClusterType, "a")
+
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b"), eds("c")}, cla("a", 1), cla("b", 1), cla("c", 1))
+	wait(t, f, "cluster c", func(c *Client) bool { return c.Served() && len(c.Clusters()) == 3 })
+	a, _ := cs[1].Resource(resourcev3.ClusterType, "a")
+	c, _ := cs[1].Resource(resourcev3.ClusterType, "c")
+	if a != first || !c.At.After(a.At) {
+		t.Errorf("Delta client: cluster a %+v (first %+v), c %+v", a, first, c)
+	}
+	if sa, _ := cs[0].Resource(resourcev3.ClusterType, "a"); !sa.At.After(firstSotW.At) || sa.Version == firstSotW.Version {
+		t.Errorf("SotW client: cluster a %+v, first %+v: every response carries it anew", sa, firstSotW)
+	}
+}
