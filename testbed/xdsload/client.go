@@ -30,7 +30,9 @@ type Resource struct {
 	// Version is the resource's version (Delta) or the version_info of
 	// the response that carried it (SotW).
 	Version string
-	// At is when the client received it.
+	// At is when the client received this version. For a cluster that
+	// the client's last cdsHistory CDS responses all held unchanged, it is
+	// when the oldest of them arrived.
 	At time.Time
 	// Endpoints counts a CLA's endpoints over every locality.
 	Endpoints int
