@@ -13,7 +13,7 @@ export GOFLAGS
 # third-party plugin built on the SDK alone (examples/plugin-hello).
 MODULES   := . proto sdk examples/plugin-hello
 
-.PHONY: all build run test test-unit bench proto plugins lint testbed clean
+.PHONY: all build run test test-unit bench soak proto plugins lint testbed clean
 
 all: build
 
@@ -34,6 +34,18 @@ test: testbed
 
 bench:
 	for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...) || exit 1; done
+
+# soak runs the real host under churn (endpoints, services, plugin kills,
+# client reconnect waves) with SOAK_CLIENTS xDS clients for SOAK_DURATION,
+# printing its heap, goroutines, fds and RSS every SOAK_INTERVAL, and fails
+# if they grow or any client loses configuration. Not part of `make test`:
+# the test file has the `soak` build tag. See testbed/README.md.
+SOAK_DURATION ?= 1h
+SOAK_CLIENTS  ?= 1000
+SOAK_TIMEOUT  ?= 80m
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_CLIENTS=$(SOAK_CLIENTS) \
+		$(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout $(SOAK_TIMEOUT) -v ./host/cmd/estuary/
 
 proto:
 	protoc --version
@@ -62,6 +74,8 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	sc="$$($(GO) tool -n staticcheck)" && for m in $(MODULES); do (cd $$m && "$$sc" ./...) || exit 1; done
+	$(GO) vet -tags soak ./host/cmd/estuary/
+	"$$($(GO) tool -n staticcheck)" -tags soak ./host/cmd/estuary/
 
 clean:
 	rm -rf $(BIN)

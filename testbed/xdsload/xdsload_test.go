@@ -1,0 +1,359 @@
+package xdsload
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The tests run the fleet against go-control-plane's own snapshot-cache
+// server, a reference xDS implementation, on loopback.
+
+// oneNode puts every client in one snapshot.
+type oneNode struct{}
+
+func (oneNode) ID(*corev3.Node) string { return "all" }
+
+type quiet struct{}
+
+func (quiet) Debugf(string, ...any) {}
+func (quiet) Infof(string, ...any)  {}
+func (quiet) Warnf(string, ...any)  {}
+func (quiet) Errorf(string, ...any) {}
+
+type server struct {
+	t       *testing.T
+	cache   cachev3.SnapshotCache
+	addr    string
+	grpc    *grpc.Server
+	version int
+}
+
+// startServer serves an empty snapshot on a free loopback port. The cache
+// runs without its ADS mode, which answers only clients that name every
+// resource of the snapshot, and so never a client that watches a subset.
+func startServer(t *testing.T) *server {
+	s := &server{t: t, cache: cachev3.NewSnapshotCache(false, oneNode{}, quiet{})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = ln.Addr().String()
+	s.serve(ln)
+	t.Cleanup(func() { s.grpc.Stop() })
+	return s
+}
+
+func (s *server) serve(ln net.Listener) {
+	s.grpc = grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, serverv3.NewServer(context.Background(), s.cache, nil))
+	go s.grpc.Serve(ln)
+}
+
+// restart stops the server, ending every stream, and serves again on the
+// same address.
+func (s *server) restart() {
+	s.grpc.Stop()
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.serve(ln)
+}
+
+// set publishes a new snapshot of clusters and CLAs.
+func (s *server) set(clusters []*clusterv3.Cluster, clas ...*endpointv3.ClusterLoadAssignment) {
+	s.t.Helper()
+	s.version++
+	res := map[resourcev3.Type][]types.Resource{resourcev3.ClusterType: nil, resourcev3.EndpointType: nil}
+	for _, c := range clusters {
+		res[resourcev3.ClusterType] = append(res[resourcev3.ClusterType], c)
+	}
+	for _, c := range clas {
+		res[resourcev3.EndpointType] = append(res[resourcev3.EndpointType], c)
+	}
+	snap, err := cachev3.NewSnapshot(strconv.Itoa(s.version), res)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.cache.SetSnapshot(context.Background(), "all", snap); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func eds(name string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{ServiceName: name, EdsConfig: &corev3.ConfigSource{
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		}},
+		ConnectTimeout: durationpb.New(time.Second),
+	}
+}
+
+// logical is a non-EDS cluster: the client must not ask for its CLA.
+func logical(name string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_LOGICAL_DNS}, ConnectTimeout: durationpb.New(time.Second)}
+}
+
+func cla(name string, endpoints int) *endpointv3.ClusterLoadAssignment {
+	var lbs []*endpointv3.LbEndpoint
+	for i := range endpoints {
+		lbs = append(lbs, &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address: fmt.Sprintf("10.0.0.%d", i+1), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 8080},
+			}}},
+		}}})
+	}
+	return &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}}
+}
+
+func startFleet(t *testing.T, s *server, opts Options) *Fleet {
+	t.Helper()
+	opts.Addr = s.addr
+	f, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+func wait(t *testing.T, f *Fleet, what string, ok func(*Client) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := f.Wait(ctx, ok); err != nil {
+		t.Fatalf("waiting for %s: %v; stats %+v", what, err, f.Stats())
+	}
+}
+
+func endpointsOf(c *Client, name string) int {
+	r, ok := c.Resource(resourcev3.EndpointType, name)
+	if !ok {
+		return -1
+	}
+	return r.Endpoints
+}
+
+func problemKinds(f *Fleet) map[ProblemKind]int {
+	out := map[ProblemKind]int{}
+	for _, p := range f.Problems() {
+		out[p.Kind]++
+	}
+	return out
+}
+
+var protocols = []Protocol{SotW, Delta, Mixed}
+
+func TestClientsFollowTheServer(t *testing.T) {
+	for _, p := range protocols {
+		t.Run(p.String(), func(t *testing.T) {
+			s := startServer(t)
+			s.set([]*clusterv3.Cluster{eds("a"), eds("b"), logical("dns")}, cla("a", 2), cla("b", 1))
+			f := startFleet(t, s, Options{Clients: 4, Protocol: p, Kind: Sidecar, ClusterID: "c1", Network: "n1", Required: []string{"a"}})
+			wait(t, f, "first config", func(c *Client) bool {
+				return c.Served() && slices.Equal(c.Clusters(), []string{"a", "b", "dns"}) && endpointsOf(c, "a") == 2 && endpointsOf(c, "b") == 1
+			})
+			before, _ := f.Clients()[0].Resource(resourcev3.EndpointType, "a")
+
+			// b goes, a changes: clients drop b's CLA and take a's new one.
+			s.set([]*clusterv3.Cluster{eds("a"), logical("dns")}, cla("a", 3))
+			wait(t, f, "the change", func(c *Client) bool {
+				return c.Served() && slices.Equal(c.Clusters(), []string{"a", "dns"}) && endpointsOf(c, "a") == 3 && endpointsOf(c, "b") == -1
+			})
+			after, _ := f.Clients()[0].Resource(resourcev3.EndpointType, "a")
+			if after.Version == before.Version || !after.At.After(before.At) {
+				t.Errorf("CLA a: version %q at %v after the change, %q at %v before", after.Version, after.At, before.Version, before.At)
+			}
+			if endpointsOf(f.Clients()[0], "dns") != -1 {
+				t.Error("a client holds a CLA for a DNS cluster")
+			}
+
+			// A client that reconnects is served again from nothing.
+			st := f.Stats()
+			if err := f.Clients()[1].Reconnect(); err != nil {
+				t.Fatal(err)
+			}
+			wait(t, f, "the reconnected client", func(c *Client) bool { return c.Served() && endpointsOf(c, "a") == 3 })
+			if got := f.Stats(); got.Streams != st.Streams+1 || got.StreamErrors != 0 {
+				t.Errorf("after one reconnect: %+v, before: %+v", got, st)
+			}
+			if got := f.Stats(); got.Problems != 0 || got.NACKs != 0 || got.ACKs == 0 || got.Connected != 4 || got.Served != 4 {
+				t.Errorf("stats %+v, problems %v", got, f.Problems())
+			}
+		})
+	}
+}
+
+func TestClientsReconnectWhenTheServerRestarts(t *testing.T) {
+	s := startServer(t)
+	s.set([]*clusterv3.Cluster{eds("a")}, cla("a", 1))
+	f := startFleet(t, s, Options{Clients: 6, Protocol: Mixed, Kind: Proxyless, Required: []string{"a"}})
+	wait(t, f, "first config", (*Client).Served)
+	streams := f.Stats().Streams
+
+	s.restart()
+	wait(t, f, "new streams", func(*Client) bool { return f.Stats().Streams >= streams+6 })
+	wait(t, f, "the config again", (*Client).Served)
+	if st := f.Stats(); st.StreamErrors < 6 || st.Problems != 0 {
+		t.Errorf("after a server restart: %+v, problems %v", st, f.Problems())
+	}
+}
+
+// TestClientsReportWhatWouldCostAProxyItsEndpoints: each bad configuration
+// is counted, as the right kind, by every client.
+func TestClientsReportWhatWouldCostAProxyItsEndpoints(t *testing.T) {
+	bad := eds("bad")
+	bad.ConnectTimeout = durationpb.New(-time.Second) // Envoy's validation rejects it
+	for _, tc := range []struct {
+		name     string
+		clusters []*clusterv3.Cluster
+		clas     []*endpointv3.ClusterLoadAssignment
+		want     ProblemKind
+	}{
+		{"empty CDS", nil, nil, ProblemEmptyCDS},
+		{"a required cluster missing", []*clusterv3.Cluster{eds("b")}, []*endpointv3.ClusterLoadAssignment{cla("b", 1)}, ProblemPartialCDS},
+		{"a required CLA empty", []*clusterv3.Cluster{eds("a"), eds("b")}, []*endpointv3.ClusterLoadAssignment{cla("a", 0), cla("b", 1)}, ProblemEmptyCLA},
+		{"an invalid cluster", []*clusterv3.Cluster{eds("a"), eds("b"), bad}, []*endpointv3.ClusterLoadAssignment{cla("a", 1), cla("b", 1)}, ProblemNACK},
+	} {
+		for _, p := range []Protocol{SotW, Delta} {
+			t.Run(tc.name+"/"+p.String(), func(t *testing.T) {
+				s := startServer(t)
+				s.set([]*clusterv3.Cluster{eds("a"), eds("b")}, cla("a", 1), cla("b", 1))
+				f := startFleet(t, s, Options{Clients: 3, Protocol: p, Required: []string{"a"}})
+				wait(t, f, "first config", (*Client).Served)
+				if st := f.Stats(); st.Problems != 0 {
+					t.Fatalf("problems before the bad config: %v", f.Problems())
+				}
+				s.set(tc.clusters, tc.clas...)
+				wait(t, f, string(tc.want), func(*Client) bool { return problemKinds(f)[tc.want] >= 3 })
+				// A server may remove a CLA before its cluster, which is
+				// an empty CLA too; but only an invalid resource is NACKed.
+				if nacks := f.Stats().NACKs; (tc.want == ProblemNACK) != (nacks >= 3) || (tc.want != ProblemNACK && nacks > 0) {
+					t.Errorf("%d NACKs; problems %v", nacks, f.Problems())
+				}
+			})
+		}
+	}
+}
+
+// Before a client has held every required cluster, a partial CDS is not a
+// problem: that is how a cold start looks.
+func TestPartialConfigBeforeFullIsNoProblem(t *testing.T) {
+	s := startServer(t)
+	s.set([]*clusterv3.Cluster{eds("b")}, cla("b", 1))
+	f := startFleet(t, s, Options{Clients: 2, Protocol: Mixed, Required: []string{"a", "b"}})
+	wait(t, f, "first config", (*Client).Served)
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b")}, cla("a", 1), cla("b", 1))
+	wait(t, f, "the full config", func(c *Client) bool { return c.Served() && len(c.Clusters()) == 2 })
+	if st := f.Stats(); st.Problems != 0 {
+		t.Errorf("problems %v", f.Problems())
+	}
+}
+
+func TestWatchEDSPicksTheCLAs(t *testing.T) {
+	s := startServer(t)
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b"), eds("c")}, cla("a", 1), cla("b", 1), cla("c", 1))
+	// Client i watches only the cluster at index i%3.
+	names := []string{"a", "b", "c"}
+	f := startFleet(t, s, Options{Clients: 6, Protocol: Mixed, WatchEDS: func(i int, cluster string) bool { return names[i%3] == cluster }})
+	wait(t, f, "first config", (*Client).Served)
+	for _, c := range f.Clients() {
+		for j, n := range names {
+			if got, want := endpointsOf(c, n) == 1, j == c.Index()%3; got != want {
+				t.Errorf("client %d holds CLA %s: %v, want %v", c.Index(), n, got, want)
+			}
+		}
+	}
+}
+
+func TestOptionsAreChecked(t *testing.T) {
+	for _, o := range []Options{
+		{Addr: "10.0.0.1:15010", Clients: 1},
+		{Addr: "localhost:15010", Clients: 1},
+		{Addr: "127.0.0.1", Clients: 1},
+		{Addr: "127.0.0.1:15010", Clients: 0},
+		{Addr: "127.0.0.1:15010", Clients: 1, Protocol: Mixed + 1},
+	} {
+		if _, err := Start(context.Background(), o); err == nil {
+			t.Errorf("Start(%+v) = nil error", o)
+		}
+	}
+}
+
+func TestNodeLooksLikeIstios(t *testing.T) {
+	o := Options{ClusterID: "c1", Network: "n1", Namespace: "ns", Kind: Proxyless}
+	if err := (&o).validate(); err == nil {
+		t.Fatal("validate without an address passed")
+	}
+	o.DomainSuffix = "cluster.local"
+	n := o.node(258)
+	if n.GetId() != "sidecar~10.0.1.2~load-258.ns~ns.svc.cluster.local" {
+		t.Errorf("id %q", n.GetId())
+	}
+	md := n.GetMetadata().GetFields()
+	if md["CLUSTER_ID"].GetStringValue() != "c1" || md["NETWORK"].GetStringValue() != "n1" || md["GENERATOR"].GetStringValue() != "grpc" {
+		t.Errorf("metadata %v", md)
+	}
+}
+
+func TestDiffSorted(t *testing.T) {
+	for _, tc := range []struct{ prev, next, added, removed []string }{
+		{nil, []string{"a", "b"}, []string{"a", "b"}, nil},
+		{[]string{"a", "b"}, nil, nil, []string{"a", "b"}},
+		{[]string{"a", "c", "d"}, []string{"b", "c", "e"}, []string{"b", "e"}, []string{"a", "d"}},
+	} {
+		added, removed := diffSorted(tc.prev, tc.next)
+		if !slices.Equal(added, tc.added) || !slices.Equal(removed, tc.removed) {
+			t.Errorf("diffSorted(%v, %v) = %v, %v", tc.prev, tc.next, added, removed)
+		}
+	}
+}
+
+// Clients that hold the same clusters share one set, and a Delta client
+// knows that a cluster the last response did not carry arrived earlier.
+func TestClientsShareTheirClusters(t *testing.T) {
+	s := startServer(t)
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b")}, cla("a", 1), cla("b", 1))
+	f := startFleet(t, s, Options{Clients: 6, Protocol: Mixed})
+	wait(t, f, "first config", (*Client).Served)
+	cs := f.Clients()
+	for _, c := range cs[2:] {
+		if c.cds != cs[c.Index()%2].cds {
+			t.Errorf("client %d does not share its clusters with client %d", c.Index(), c.Index()%2)
+		}
+	}
+	first, _ := cs[1].Resource(resourcev3.ClusterType, "a")
+	firstSotW, _ := cs[0].Resource(resourcev3.ClusterType, "a")
+
+	s.set([]*clusterv3.Cluster{eds("a"), eds("b"), eds("c")}, cla("a", 1), cla("b", 1), cla("c", 1))
+	wait(t, f, "cluster c", func(c *Client) bool { return c.Served() && len(c.Clusters()) == 3 })
+	a, _ := cs[1].Resource(resourcev3.ClusterType, "a")
+	c, _ := cs[1].Resource(resourcev3.ClusterType, "c")
+	if a != first || !c.At.After(a.At) {
+		t.Errorf("Delta client: cluster a %+v (first %+v), c %+v", a, first, c)
+	}
+	if sa, _ := cs[0].Resource(resourcev3.ClusterType, "a"); !sa.At.After(firstSotW.At) || sa.Version == firstSotW.Version {
+		t.Errorf("SotW client: cluster a %+v, first %+v: every response carries it anew", sa, firstSotW)
+	}
+}
