@@ -19,7 +19,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 )
 
 // Options configure the server.
@@ -42,7 +43,7 @@ type Server struct {
 	grpc    *grpc.Server
 
 	pendingMu sync.Mutex
-	pending   replica.Change
+	pending   model.Change
 	firstAt   time.Time // first change of the pending batch
 	lastAt    time.Time // last change of the pending batch
 	wake      chan struct{}
@@ -51,7 +52,7 @@ type Server struct {
 	streams map[int64]*streamInfo
 
 	// onPush, if set, observes every push, for tests.
-	onPush func(PushStats, replica.Change)
+	onPush func(PushStats, model.Change)
 }
 
 type metrics struct {
@@ -71,7 +72,7 @@ type streamInfo struct {
 	View   string               `json:"view"`
 	Since  time.Time            `json:"connected_at"`
 	Types  map[string]*typeInfo `json:"types"`
-	view   View
+	view   model.View
 	parsed bool
 }
 
@@ -90,10 +91,10 @@ type typeInfo struct {
 	Resources   int    `json:"resources_last_sent"`
 }
 
-// New builds a server over the aggregate registry. nets may be nil (one
-// network).
-func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog.Logger, reg prometheus.Registerer) *Server {
-	gen := &Generator{Agg: agg, Networks: nets}
+// New builds a server over the aggregate registry, whose EDS clusters
+// come from the endpoint pipeline eds. eds may be nil (one network).
+func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, logger hclog.Logger, reg prometheus.Registerer) *Server {
+	gen := NewGenerator(agg, eds)
 	s := &Server{
 		opts:    opts,
 		logger:  logger.Named("xds"),
@@ -131,9 +132,6 @@ func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, logger hclog
 // Cache returns the server's resource cache.
 func (s *Server) Cache() *Cache { return s.cache }
 
-// Generator returns the server's resource generator.
-func (s *Server) Generator() *Generator { return s.gen }
-
 // Start listens and serves until ctx ends. It returns the bound address.
 func (s *Server) Start(ctx context.Context) (net.Addr, error) {
 	ln, err := net.Listen("tcp", s.opts.Listen)
@@ -169,7 +167,7 @@ func (s *Server) Stop() {
 // Notify records a change for the next push; the network manager sends a
 // full change when networks or gateways change. It runs on the registry's
 // update path and never blocks.
-func (s *Server) Notify(c replica.Change) {
+func (s *Server) Notify(c model.Change) {
 	s.pendingMu.Lock()
 	now := time.Now()
 	if s.pending.Empty() {
@@ -211,14 +209,14 @@ func (s *Server) debounce(ctx context.Context) {
 			continue
 		}
 		change, first := s.pending, s.firstAt
-		s.pending = replica.Change{}
+		s.pending = model.Change{}
 		s.pendingMu.Unlock()
 		s.push(change, first)
 	}
 }
 
 // push sends a change to every affected watch.
-func (s *Server) push(change replica.Change, first time.Time) {
+func (s *Server) push(change model.Change, first time.Time) {
 	start := time.Now()
 	st := s.cache.Push(change)
 	end := time.Now()
@@ -236,7 +234,7 @@ func (s *Server) push(change replica.Change, first time.Time) {
 }
 
 // PushNow applies a change without debouncing, for tests and benchmarks.
-func (s *Server) PushNow(change replica.Change) PushStats { return s.cache.Push(change) }
+func (s *Server) PushNow(change model.Change) PushStats { return s.cache.Push(change) }
 
 var typeNames = [numTypes]string{"cds", "eds", "lds", "rds"}
 
@@ -350,7 +348,7 @@ func (s *Server) Clients() []streamInfo {
 }
 
 // NodeView returns the view of a connected node.
-func (s *Server) NodeView(nodeID string) (View, bool) {
+func (s *Server) NodeView(nodeID string) (model.View, bool) {
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
 	for _, si := range s.streams {
@@ -358,5 +356,5 @@ func (s *Server) NodeView(nodeID string) (View, bool) {
 			return si.view, true
 		}
 	}
-	return View{}, false
+	return model.View{}, false
 }

@@ -10,41 +10,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
-
-// Change tells readers what a batch of events changed.
-type Change struct {
-	// Full is set when instances or gateways changed: everything may differ.
-	Full bool
-	// Services maps each changed hostname to true when the service itself
-	// (ports, addresses, attributes) changed, false when only its endpoints
-	// did.
-	Services map[string]bool
-}
-
-// Empty reports whether the change changes nothing.
-func (c *Change) Empty() bool { return !c.Full && len(c.Services) == 0 }
-
-// Merge folds o into c.
-func (c *Change) Merge(o Change) {
-	c.Full = c.Full || o.Full
-	for h, svc := range o.Services {
-		if c.Services == nil {
-			c.Services = map[string]bool{}
-		}
-		c.Services[h] = c.Services[h] || svc
-	}
-}
-
-func (c *Change) service(h string, attrs bool) {
-	if c.Services == nil {
-		c.Services = map[string]bool{}
-	}
-	c.Services[h] = c.Services[h] || attrs
-}
 
 // Store holds every instance of every plugin.
 type Store struct {
@@ -55,7 +25,7 @@ type Store struct {
 	seq        int // first-seen counter, for stable order within a plugin
 
 	subsMu sync.Mutex
-	subs   []func(Change)
+	subs   []func(model.Change)
 
 	metrics *metrics
 	applied atomic.Uint64
@@ -92,13 +62,13 @@ func NewStore(reg prometheus.Registerer) *Store {
 
 // Subscribe registers fn to be called after every applied batch that
 // changed something. Calls are serialised per plugin session, not globally.
-func (s *Store) Subscribe(fn func(Change)) {
+func (s *Store) Subscribe(fn func(model.Change)) {
 	s.subsMu.Lock()
 	defer s.subsMu.Unlock()
 	s.subs = append(s.subs, fn)
 }
 
-func (s *Store) publish(c Change) {
+func (s *Store) publish(c model.Change) {
 	if c.Empty() {
 		return
 	}
@@ -120,7 +90,7 @@ func (s *Store) SetPluginOrder(plugins []string) {
 	}
 	s.reorderLocked()
 	s.mu.Unlock()
-	s.publish(Change{Full: true})
+	s.publish(model.Change{Full: true})
 }
 
 func (s *Store) reorderLocked() {
@@ -175,7 +145,7 @@ func (s *Store) RemovePlugin(plugin string) {
 	}
 	s.mu.Unlock()
 	if removed {
-		s.publish(Change{Full: true})
+		s.publish(model.Change{Full: true})
 	}
 }
 
@@ -235,7 +205,7 @@ func (sess *Session) Apply(resp *registryv1.WatchResponse) error {
 	if sess.done && (resp.GetSnapshot() || resp.GetSnapshotDone()) {
 		return fmt.Errorf("response %d is marked snapshot after the snapshot was done", sess.seq)
 	}
-	var change Change
+	var change model.Change
 	for i, ev := range resp.GetEvents() {
 		if err := sess.applyEvent(ev, &change); err != nil {
 			sess.store.publish(change)
@@ -251,7 +221,7 @@ func (sess *Session) Apply(resp *registryv1.WatchResponse) error {
 
 // finishSnapshot removes instances the snapshot no longer has and clears
 // the stale mark of instances whose new state is live.
-func (sess *Session) finishSnapshot(change *Change) {
+func (sess *Session) finishSnapshot(change *model.Change) {
 	sess.done = true
 	s := sess.store
 	s.mu.Lock()
@@ -277,7 +247,7 @@ func (sess *Session) finishSnapshot(change *Change) {
 	s.mu.Unlock()
 }
 
-func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
+func (sess *Session) applyEvent(ev *registryv1.Event, change *model.Change) error {
 	id := ev.GetInstance()
 	if id.GetProvider() == "" || id.GetCluster() == "" {
 		return fmt.Errorf("event without instance identity")
@@ -323,7 +293,7 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 		}
 		target.services[svc.Hostname] = svc
 		if visible {
-			change.service(svc.Hostname, true)
+			change.Touch(svc.Hostname, true)
 		}
 	case *registryv1.Event_ServiceDeleted:
 		h := k.ServiceDeleted.GetHostname()
@@ -331,7 +301,7 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 			delete(target.services, h)
 			delete(target.endpoints, h)
 			if visible {
-				change.service(h, true)
+				change.Touch(h, true)
 			}
 		}
 	case *registryv1.Event_EndpointsReplaced:
@@ -344,7 +314,7 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 		s.metrics.endpoints.Add(float64(set.Len()))
 		s.applied.Add(uint64(set.Len()))
 		if visible {
-			change.service(h, false)
+			change.Touch(h, false)
 		}
 	case *registryv1.Event_GatewaysReplaced:
 		gws := make([]sdk.NetworkGateway, len(k.GatewaysReplaced.GetGateways()))
@@ -375,7 +345,7 @@ func (sess *Session) applyEvent(ev *registryv1.Event, change *Change) error {
 	return nil
 }
 
-func (sess *Session) addInstance(key InstanceKey, props sdk.InstanceProperties, change *Change) {
+func (sess *Session) addInstance(key InstanceKey, props sdk.InstanceProperties, change *model.Change) {
 	s := sess.store
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	goplugin "github.com/hashicorp/go-plugin"
 
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
@@ -109,7 +110,7 @@ type applyClock struct {
 
 func newApplyClock(store *replica.Store, want uint64) *applyClock {
 	c := &applyClock{done: make(chan struct{})}
-	store.Subscribe(func(replica.Change) {
+	store.Subscribe(func(model.Change) {
 		n := store.EndpointUpdates()
 		c.mu.Lock()
 		defer c.mu.Unlock()

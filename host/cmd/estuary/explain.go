@@ -11,7 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 )
 
 // explain prints, for each endpoint of a cluster, why a connected node
@@ -45,7 +45,7 @@ func explain(args []string) int {
 		os.Stdout.Write(body)
 		return 0
 	}
-	var ex network.Explanation
+	var ex pipeline.Explanation
 	if err := json.Unmarshal(body, &ex); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -54,7 +54,7 @@ func explain(args []string) int {
 	return 0
 }
 
-func printExplanation(w io.Writer, ex *network.Explanation) {
+func printExplanation(w io.Writer, ex *pipeline.Explanation) {
 	mode := "multi-network off"
 	if ex.MultiNetwork {
 		mode = fmt.Sprintf("multi-network on, weight scale factor %d", ex.ScaleFactor)
@@ -103,7 +103,7 @@ func printExplanation(w io.Writer, ex *network.Explanation) {
 
 // compareReceived diffs the explanation's result with what the server
 // holds for the node, endpoint and weight.
-func compareReceived(ex *network.Explanation) string {
+func compareReceived(ex *pipeline.Explanation) string {
 	var want, got []string
 	for _, r := range ex.Result {
 		want = append(want, fmt.Sprintf("%s weight %d", r.Endpoint, r.Weight))

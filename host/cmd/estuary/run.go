@@ -17,7 +17,9 @@ import (
 	"github.com/estuary-mesh/estuary/host/admin"
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
 	"github.com/estuary-mesh/estuary/xds"
@@ -67,11 +69,11 @@ func runHost(args []string) int {
 	nets := network.New(agg, logger, network.Options{})
 	netCfg, _ := loadNetworks(file) // load validated it
 	nets.Apply(netCfg)
-	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, nets, logger, reg)
-	nets.OnChange(func() { xs.Notify(replica.Change{Full: true}) })
-	nets.NodeView, nets.Received = xs.NodeView, xs.EndpointRows
+	eds := pipeline.New(agg, nets, logger)
+	xs := xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax}, agg, eds, logger, reg)
+	nets.OnChange(func() { xs.Notify(model.Change{Full: true}) })
 	go nets.Run(ctx)
-	adm.Handle("/debug/networkz", nets.Handler())
+	adm.Handle("/debug/networkz", eds.Handler(xs))
 	for path, h := range xs.DebugHandlers() {
 		adm.Handle(path, h)
 	}
