@@ -16,11 +16,14 @@ import (
 
 // explain prints, for each endpoint of a cluster, why a connected node
 // gets what it gets: where the endpoint came from, which rule put it on
-// its network, whether it was kept or replaced by gateways, and the
-// weights. It reads /debug/networkz?explain= of the running host.
+// its network, whether it was kept, replaced by gateways or dropped, and
+// the weights. It reads /debug/networkz?explain= of the running host,
+// which is the trace the endpoint pipeline records while it computes what
+// the xDS server sends.
 func explain(args []string) int {
 	if len(args) == 0 || args[0] != "endpoint" {
 		fmt.Fprintln(os.Stderr, "usage: estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR] [--json]")
+		fmt.Fprintln(os.Stderr, "       (an east-west gateway's clusters are named outbound_.PORT_._.HOST)")
 		return 2
 	}
 	fs := flag.NewFlagSet("explain endpoint", flag.ContinueOnError)
