@@ -11,7 +11,7 @@ import (
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
-// richWorld has every case the pipeline distinguishes: two localities,
+// richWorld has every case the pipeline distinguishes: three localities,
 // subsets, weights set and unset, plain text and mTLS, endpoints placed by
 // each rule, a network with two gateways in one cluster and one in
 // another, a network whose gateway has no address yet, one with no
@@ -36,6 +36,9 @@ func richWorld(t *testing.T) *Pipeline {
 	w.Add(meshtest.Instance{Plugin: "west-a", Cluster: "cluster2a", Services: []*registryv1.Service{svc("cluster2a")},
 		Endpoints: map[string][]*registryv1.Endpoint{meshtest.Echo: {
 			e("10.2.0.1", "", a, "v1", 0, true), e("10.2.0.2", "", b, "v2", 3, true), e("10.2.0.3", "", a, "v1", 1, false),
+			// The first locality in order, which every view but a local
+			// one drops: the groups after it move up.
+			e("10.2.0.9", "", "af-south1/af-south1-a", "v1", 1, false),
 		}},
 		Gateways: []*registryv1.NetworkGateway{
 			meshtest.Gateway("network2", "cluster2a", "2.2.2.2", 15443), meshtest.Gateway("network2", "cluster2a", "2.2.2.1", 15443)}})
@@ -184,6 +187,34 @@ func TestBuildAllocations(t *testing.T) {
 		})
 		if allocs != 0 {
 			t.Errorf("%s: Build allocates %.1f times per call", v, allocs)
+		}
+	}
+}
+
+// TestScratchReuse: one Scratch serves builds of every view and cluster in
+// turn, as a pooled one does in the xDS server, and each gives what fresh
+// memory gives: dropping a group, or outgrowing one with gateways, never
+// leaves a slot sharing another's endpoints.
+func TestScratchReuse(t *testing.T) {
+	p := richWorld(t)
+	sc := &Scratch{}
+	for round := range 3 {
+		for _, v := range traceViews {
+			for _, subset := range []string{"", "v1", "v2"} {
+				name := model.ClusterName(8080, subset, meshtest.Echo)
+				if v.Kind == model.KindRouter {
+					name = model.SNIClusterName(8080, subset, meshtest.Echo)
+				}
+				c, _ := ParseCluster(v, name)
+				reused, err := p.Build(sc, v, c, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fresh, _ := p.Endpoints(v, name, nil)
+				if got, want := meshtest.Render(reused), meshtest.Render(fresh); got != want {
+					t.Fatalf("round %d, %s, %s, with a reused Scratch:\n%s\nin fresh memory:\n%s", round, v, name, got, want)
+				}
+			}
 		}
 	}
 }
