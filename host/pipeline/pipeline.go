@@ -135,9 +135,6 @@ func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.Loca
 		}
 		return nil, fmt.Errorf("%w: %q is not of the form %s", ErrClusterName, name, form)
 	}
-	if tr != nil {
-		tr.Cluster = name
-	}
 	return p.Build(&Scratch{}, v, c, tr)
 }
 
@@ -177,7 +174,7 @@ func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.Loca
 func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]model.LocalityGroup, error) {
 	snap := p.snapshot()
 	if tr != nil {
-		tr.begin(v, snap)
+		tr.begin(v, c, snap)
 	}
 	svc := p.agg.GetService(c.Host)
 	if svc == nil {

@@ -1,11 +1,13 @@
 package pipeline
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
 	"github.com/estuary-mesh/estuary/host/meshtest"
 	"github.com/estuary-mesh/estuary/host/model"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -92,6 +94,31 @@ func TestRouterDecision(t *testing.T) {
 	} {
 		if got := routerDecision(tt.view, tt.network, tt.tls); got != tt.want {
 			t.Errorf("%v, endpoint on %q tls %v: %v, want %v", tt.view, tt.network, tt.tls, got, tt.want)
+		}
+	}
+}
+
+// TestMissingClusters: a cluster a view cannot have is an error that says
+// why, never an empty result.
+func TestMissingClusters(t *testing.T) {
+	w, m := meshtest.ThreeNetworks(t)
+	w.Upsert("east", "cluster1", &registryv1.Service{Hostname: "db.example.com", Resolution: registryv1.Resolution_RESOLUTION_DNS,
+		Ports: []*registryv1.Port{{Name: "tcp", Number: 5432}}})
+	p := New(w.Agg, m, nil)
+	router := model.View{Kind: model.KindRouter, Network: "network1"}
+	for _, tt := range []struct {
+		view model.View
+		name string
+		want error
+	}{
+		{model.View{}, model.SNIClusterName(8080, "", meshtest.Echo), ErrClusterName},
+		{router, model.ClusterName(8080, "", meshtest.Echo), ErrClusterName},
+		{model.View{}, model.ClusterName(8080, "", "nope.example.com"), ErrNoService},
+		{model.View{}, model.ClusterName(5432, "", "db.example.com"), ErrNotStatic},
+		{router, model.SNIClusterName(9999, "", meshtest.Echo), ErrNoPort},
+	} {
+		if _, err := p.Endpoints(tt.view, tt.name, &Trace{}); !errors.Is(err, tt.want) {
+			t.Errorf("%s for %s: %v, want %v", tt.name, tt.view, err, tt.want)
 		}
 	}
 }

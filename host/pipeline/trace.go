@@ -84,8 +84,12 @@ type SentEndpoint struct {
 }
 
 // begin starts a trace of one Build.
-func (tr *Trace) begin(v model.View, snap *network.Snapshot) {
+func (tr *Trace) begin(v model.View, c Cluster, snap *network.Snapshot) {
 	tr.View, tr.snap = v.String(), snap
+	tr.Cluster = model.ClusterName(c.Port, c.Subset, c.Host)
+	if v.Kind == model.KindRouter {
+		tr.Cluster = model.SNIClusterName(c.Port, c.Subset, c.Host)
+	}
 	tr.Generation, tr.MultiNetwork, tr.ScaleFactor = snap.Generation(), snap.MultiNetwork(), snap.ScaleFactor()
 	tr.Endpoints, tr.Result, tr.Notes = []TracedEndpoint{}, []SentEndpoint{}, nil
 	tr.collecting, tr.byLocality, tr.contrib = nil, map[string][]int{}, map[int32][]int{}
