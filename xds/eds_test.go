@@ -14,7 +14,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/estuary-mesh/estuary/host/meshtest"
 	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -111,5 +113,31 @@ func TestPooledGroupsSurviveFilters(t *testing.T) {
 				t.Fatalf("locality %v has %d endpoints, want 1", le.GetLocality(), len(le.GetLbEndpoints()))
 			}
 		}
+	}
+}
+
+// TestCLAReuse: a CLA whose inputs did not change comes back as it was;
+// a change of the service's endpoints, or of networks, rebuilds it.
+func TestCLAReuse(t *testing.T) {
+	w, m := meshtest.ThreeNetworks(t)
+	gen := NewGenerator(w.Agg, pipeline.New(w.Agg, m, nil))
+	v := model.View{Kind: model.KindProxyless, Network: "network1", Cluster: "cluster1"}
+	name := model.ClusterName(8080, "", meshtest.Echo)
+	first := gen.CLA(v, name, nil)
+	if again := gen.CLA(v, name, first); again != first {
+		t.Fatal("an unchanged CLA was rebuilt")
+	}
+	w.SetEndpoints("east", "cluster1", meshtest.Echo, meshtest.Endpoint("10.1.0.2", "", true))
+	changed := gen.CLA(v, name, first)
+	if changed == first || changed.Version() == first.Version() {
+		t.Fatal("a CLA whose endpoints changed was not rebuilt")
+	}
+	m.Apply(meshtest.Networks(t, `
+  network "network1" {
+    endpoints { from_registry = "cluster1" }
+  }
+`))
+	if gen.CLA(v, name, changed) == changed {
+		t.Fatal("a CLA was not rebuilt after networks changed")
 	}
 }

@@ -31,8 +31,10 @@ import (
 type Resource struct {
 	Name string
 	Any  *anypb.Any
-	// built is what a CLA was built from; equal inputs give equal output,
-	// so an unchanged CLA is not rebuilt.
+	// host and built are the service a CLA was built for and the version
+	// of its inputs then; equal inputs give equal output, so an unchanged
+	// CLA is not rebuilt, nor is its name parsed again.
+	host  string
 	built pipeline.Version
 	// eds marks clusters whose endpoints come by EDS.
 	eds     bool
@@ -255,24 +257,24 @@ func (g *Generator) routable(svc *aggregate.Service) bool {
 // inputs, is returned as is. It returns nil when the cluster does not
 // exist for the view.
 func (g *Generator) CLA(v model.View, name string, prev *Resource) *Resource {
-	c, ok := pipeline.ParseCluster(v, name)
+	if prev != nil && prev.built == g.eds.Version(prev.host) {
+		return prev
+	}
+	c, ok := pipeline.ParseCluster(v.Kind, name)
 	if !ok {
 		return nil
 	}
 	in := g.eds.Version(c.Host)
-	if prev != nil && prev.built == in {
-		return prev
-	}
 	sc, _ := g.scratch.Get().(*pipeline.Scratch)
 	if sc == nil {
 		sc = &pipeline.Scratch{}
 	}
-	defer g.scratch.Put(sc)
 	groups, err := g.eds.Build(sc, v, c, nil)
-	if err != nil {
-		return nil // the cluster is gone, or never was
+	var r *Resource
+	if err == nil { // else the cluster is gone, or never was
+		r = newResource(name, resourcev3.EndpointType, g.enc.encode(name, groups))
+		r.host, r.built = c.Host, in
 	}
-	r := newResource(name, resourcev3.EndpointType, g.enc.encode(name, groups))
-	r.built = in
+	g.scratch.Put(sc) // the groups were copied out by the encoder
 	return r
 }

@@ -69,14 +69,13 @@ type Cluster struct {
 	Host   string
 }
 
-// ParseCluster reads an EDS cluster name as view v names clusters: an
-// east-west gateway (KindRouter) has only SNI clusters,
+// ParseCluster reads an EDS cluster name as a client of the kind names
+// clusters: an east-west gateway (KindRouter) has only SNI clusters,
 // outbound_.PORT_.SUBSET_.HOST; every other kind only
-// outbound|PORT|SUBSET|HOST.
-func ParseCluster(v model.View, name string) (Cluster, bool) {
-	var c Cluster
-	var ok bool
-	if v.Kind == model.KindRouter {
+// outbound|PORT|SUBSET|HOST. It takes the kind, not the whole view, as the
+// xDS server calls it for every CLA it is asked for.
+func ParseCluster(kind model.Kind, name string) (c Cluster, ok bool) {
+	if kind == model.KindRouter {
 		c.Port, c.Subset, c.Host, ok = model.ParseSNIClusterName(name)
 	} else {
 		c.Port, c.Subset, c.Host, ok = model.ParseClusterName(name)
@@ -93,12 +92,7 @@ type Version struct{ Host, Networks uint64 }
 // Build: a change in between only causes a needless rebuild later, never a
 // stale result.
 func (p *Pipeline) Version(host string) Version {
-	var v Version
-	if p.nets != nil {
-		v.Networks = p.nets.Generation()
-	}
-	v.Host = p.agg.HostVersion(host)
-	return v
+	return Version{Networks: p.snapshot().Generation(), Host: p.agg.HostVersion(host)}
 }
 
 // Scratch is Build's working memory. A caller that builds often keeps
@@ -109,17 +103,22 @@ type Scratch struct {
 	// groups holds every locality group slot used so far; each slot owns
 	// its own endpoint array, which Build never shares between slots.
 	groups []model.LocalityGroup
-	acc    []uint64 // summed weight per gateway index
-	mark   []bool   // gateway index used in the current group
-	used   []int32
+	// tally is, by gateway index, the weight summed for the gateway in the
+	// current group; used lists the gateways that have one.
+	tally []gatewayTally
+	used  []int32
+}
+
+type gatewayTally struct {
+	sum  uint64
+	used bool
 }
 
 func (sc *Scratch) resetGateways(n int) {
-	if cap(sc.acc) < n {
-		sc.acc = make([]uint64, n)
-		sc.mark = make([]bool, n)
+	if cap(sc.tally) < n {
+		sc.tally = make([]gatewayTally, n)
 	}
-	sc.acc, sc.mark, sc.used = sc.acc[:n], sc.mark[:n], sc.used[:0]
+	sc.tally, sc.used = sc.tally[:n], sc.used[:0]
 }
 
 // Endpoints returns the locality groups view v receives for the EDS
@@ -127,7 +126,7 @@ func (sc *Scratch) resetGateways(n int) {
 // what happened to every endpoint. It is Build for callers that run it
 // rarely: explain, debug pages and tests.
 func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.LocalityGroup, error) {
-	c, ok := ParseCluster(v, name)
+	c, ok := ParseCluster(v.Kind, name)
 	if !ok {
 		form := "outbound|PORT|SUBSET|HOST"
 		if v.Kind == model.KindRouter {
@@ -367,19 +366,20 @@ func (p *Pipeline) filter(sc *Scratch, s *network.Snapshot, v model.View, groups
 				tr.decided(i, fate{decision: Replaced, weight: w, gateways: sel, byCluster: selByCluster, share: share})
 			}
 			for _, j := range sel {
-				if !sc.mark[j] {
-					sc.mark[j] = true
+				t := &sc.tally[j]
+				if !t.used {
+					t.used = true
 					sc.used = append(sc.used, j)
 				}
-				sc.acc[j] += uint64(share)
+				t.sum += uint64(share)
 			}
 		}
 		if len(sc.used) > 1 {
 			slices.Sort(sc.used)
 		}
 		for _, j := range sc.used {
-			sum := sc.acc[j]
-			sc.acc[j], sc.mark[j] = 0, false
+			sum := sc.tally[j].sum
+			sc.tally[j] = gatewayTally{}
 			w := uint32(min(sum, math.MaxUint32))
 			gw := s.Gateway(j)
 			if w == 0 {

@@ -178,7 +178,7 @@ func TestBuildAllocations(t *testing.T) {
 		if v.Kind == model.KindRouter {
 			name = model.SNIClusterName(8080, "", meshtest.Echo)
 		}
-		c, _ := ParseCluster(v, name)
+		c, _ := ParseCluster(v.Kind, name)
 		sc := &Scratch{}
 		allocs := testing.AllocsPerRun(100, func() {
 			if _, err := p.Build(sc, v, c, nil); err != nil {
@@ -205,7 +205,7 @@ func TestScratchReuse(t *testing.T) {
 				if v.Kind == model.KindRouter {
 					name = model.SNIClusterName(8080, subset, meshtest.Echo)
 				}
-				c, _ := ParseCluster(v, name)
+				c, _ := ParseCluster(v.Kind, name)
 				reused, err := p.Build(sc, v, c, nil)
 				if err != nil {
 					t.Fatal(err)
