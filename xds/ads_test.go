@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -138,7 +138,7 @@ func TestSotWAndDeltaAgreeOn1000Services(t *testing.T) {
 	f := newFixture(t)
 	f.populate(services, 3)
 	_, _, addr := startServer(t, f)
-	node := nodeFor(View{Kind: KindEnvoy, Network: "network1"}, envoyNode)
+	node := nodeFor(model.View{Kind: model.KindEnvoy, Network: "network1"}, envoyNode)
 
 	// State of the World: wildcard CDS, then EDS for every cluster.
 	sotw, err := adsClient(t, addr).StreamAggregatedResources(context.Background())
@@ -189,7 +189,7 @@ func TestSotWAndDeltaAgreeOn1000Services(t *testing.T) {
 	_ = delta.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: deds.GetNonce()})
 
 	for i := range services {
-		name := ClusterName(8080, "", svcHost(i))
+		name := model.ClusterName(8080, "", svcHost(i))
 		want := wantAddresses(genEndpoints(3, i))
 		for variant, clas := range map[string]map[string]*endpointv3.ClusterLoadAssignment{"SotW": sotwCLAs, "delta": deltaCLAs} {
 			if got := claAddresses(clas[name]); !slices.Equal(got, want) {
@@ -204,7 +204,7 @@ func TestSotWAndDeltaAgreeOn1000Services(t *testing.T) {
 	// One service changes: each client gets exactly that CLA.
 	newEps := genEndpoints(5, 777)
 	f.endpoints(svcHost(42), newEps)
-	changed := ClusterName(8080, "", svcHost(42))
+	changed := model.ClusterName(8080, "", svcHost(42))
 	up := recv(t, sotwCh, "SotW EDS update")
 	if got := decodeCLAs(t, up.GetResources()); len(got) != 1 || !slices.Equal(claAddresses(got[changed]), wantAddresses(newEps)) {
 		t.Errorf("SotW update carries %d CLAs (%v), want only %s with the new endpoints", len(got), slices.Collect(mapsKeys(got)), changed)
@@ -232,8 +232,8 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 	f := newFixture(t)
 	f.populate(2, 2)
 	s, _, addr := startServer(t, f)
-	node := nodeFor(View{Kind: KindProxyless, Network: "network1"}, "sidecar~10.1.1.1~nacker.default~default.svc.cluster.local")
-	names := []string{ClusterName(8080, "", svcHost(0)), ClusterName(8080, "", svcHost(1))}
+	node := nodeFor(model.View{Kind: model.KindProxyless, Network: "network1"}, "sidecar~10.1.1.1~nacker.default~default.svc.cluster.local")
+	names := []string{model.ClusterName(8080, "", svcHost(0)), model.ClusterName(8080, "", svcHost(1))}
 
 	st, err := adsClient(t, addr).StreamAggregatedResources(context.Background())
 	if err != nil {
@@ -283,14 +283,14 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 func TestPushAnswersOnlyAffectedWatches(t *testing.T) {
 	f := newFixture(t)
 	f.populate(100, 1)
-	c := NewCache(&Generator{Agg: f.agg})
+	c := NewCache(NewGenerator(f.agg, nil))
 	ws := openEDSWatches(t, c, proxylessView, 50, 2, 100)
 	before := make([]int, len(ws))
 	for i, w := range ws {
 		before[i] = w.responses
 	}
 	f.endpoints(svcHost(7), genEndpoints(2, 7))
-	st := c.Push(replica.Change{Services: map[string]bool{svcHost(7): false}})
+	st := c.Push(model.Change{Services: map[string]bool{svcHost(7): false}})
 	if st.Total() != 1 {
 		t.Errorf("push answered %d watches, want 1", st.Total())
 	}
@@ -323,10 +323,10 @@ func TestWarmingOrder(t *testing.T) {
 	f := newFixture(t)
 	f.populate(1, 1)
 	_, _, addr := startServer(t, f)
-	node := nodeFor(View{Kind: KindProxyless, Network: "network1"}, "sidecar~10.2.2.2~warm.default~default.svc.cluster.local")
+	node := nodeFor(model.View{Kind: model.KindProxyless, Network: "network1"}, "sidecar~10.2.2.2~warm.default~default.svc.cluster.local")
 	newHost := "late.default.svc.cluster.local"
-	listener := ListenerName(newHost, 8080)
-	cluster := ClusterName(8080, "", newHost)
+	listener := model.ListenerName(newHost, 8080)
+	cluster := model.ClusterName(8080, "", newHost)
 
 	st, err := adsClient(t, addr).StreamAggregatedResources(context.Background())
 	if err != nil {
@@ -369,7 +369,7 @@ func TestDeletedServiceLeavesCDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := pump(t, st.Recv)
-	_ = st.Send(&discoveryv3.DiscoveryRequest{Node: nodeFor(View{Kind: KindEnvoy}, envoyNode), TypeUrl: resourcev3.ClusterType})
+	_ = st.Send(&discoveryv3.DiscoveryRequest{Node: nodeFor(model.View{Kind: model.KindEnvoy}, envoyNode), TypeUrl: resourcev3.ClusterType})
 	first := recv(t, ch, "CDS")
 	if len(first.GetResources()) != 3 {
 		t.Fatalf("CDS has %d clusters", len(first.GetResources()))
@@ -386,7 +386,7 @@ func TestDeletedServiceLeavesCDS(t *testing.T) {
 		names = append(names, c.GetName())
 	}
 	slices.Sort(names)
-	want := []string{ClusterName(8080, "", svcHost(0)), ClusterName(8080, "", svcHost(2))}
+	want := []string{model.ClusterName(8080, "", svcHost(0)), model.ClusterName(8080, "", svcHost(2))}
 	if !slices.Equal(names, want) {
 		t.Errorf("CDS after deleting %s = %v, want %v", svcHost(1), names, want)
 	}

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -16,7 +16,7 @@ var edsShapes = []struct{ endpoints, services int }{
 	{1, 100}, {10, 10}, {100, 10}, {1000, 1}, {10000, 1}, {100, 100},
 }
 
-var proxylessView = View{Kind: KindProxyless, Network: "network1", Cluster: "cluster1"}
+var proxylessView = model.View{Kind: model.KindProxyless, Network: "network1", Cluster: "cluster1"}
 
 // BenchmarkEDSGeneration builds every CLA from scratch (no cache) with
 // locality, weight and network/cluster/tlsMode metadata on every endpoint,
@@ -26,10 +26,10 @@ func BenchmarkEDSGeneration(b *testing.B) {
 		b.Run(fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services), func(b *testing.B) {
 			f := newFixture(b)
 			f.populate(sh.services, sh.endpoints)
-			gen := &Generator{Agg: f.agg}
+			gen := NewGenerator(f.agg, nil)
 			names := make([]string, sh.services)
 			for i := range names {
-				names[i] = ClusterName(8080, "", svcHost(i))
+				names[i] = model.ClusterName(8080, "", svcHost(i))
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -52,10 +52,10 @@ func BenchmarkEDSRegenerateUnchanged(b *testing.B) {
 		b.Run(fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services), func(b *testing.B) {
 			f := newFixture(b)
 			f.populate(sh.services, sh.endpoints)
-			gen := &Generator{Agg: f.agg}
+			gen := NewGenerator(f.agg, nil)
 			prev := make([]*Resource, sh.services)
 			for i := range prev {
-				prev[i] = gen.CLA(proxylessView, ClusterName(8080, "", svcHost(i)), nil)
+				prev[i] = gen.CLA(proxylessView, model.ClusterName(8080, "", svcHost(i)), nil)
 			}
 			b.ResetTimer()
 			for b.Loop() {
@@ -76,7 +76,7 @@ func BenchmarkPushOneChange(b *testing.B) {
 	const services, watchers, perWatcher = 10000, 1000, 10
 	f := newFixture(b)
 	f.populate(services, 1)
-	c := NewCache(&Generator{Agg: f.agg})
+	c := NewCache(NewGenerator(f.agg, nil))
 	ws := openEDSWatches(b, c, proxylessView, watchers, perWatcher, services)
 	variants := [2][]*registryv1.Endpoint{genEndpoints(1, 1), genEndpoints(1, 2)}
 	b.ResetTimer()
@@ -85,7 +85,7 @@ func BenchmarkPushOneChange(b *testing.B) {
 		f.endpoints(svcHost(0), variants[i%2])
 		ws.rearm(b, c)
 		b.StartTimer()
-		st := c.Push(replica.Change{Services: map[string]bool{svcHost(0): false}})
+		st := c.Push(model.Change{Services: map[string]bool{svcHost(0): false}})
 		if st.Total() != 1 {
 			b.Fatalf("push answered %d watches, want exactly 1", st.Total())
 		}
@@ -105,7 +105,7 @@ func BenchmarkHeapPerEndpoint(b *testing.B) {
 		f := newFixture(b)
 		f.populate(services, perService)
 		replica := heapInUse()
-		c := NewCache(&Generator{Agg: f.agg})
+		c := NewCache(NewGenerator(f.agg, nil))
 		c.Resources(proxylessView, resourcev3.EndpointType) // builds every CLA of the view
 		clas := heapInUse()
 		ws := openEDSWatches(b, c, proxylessView, clients, 10, services)

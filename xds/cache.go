@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -16,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
 )
 
 // typ indexes the resource types Estuary serves, in the order a push
@@ -51,25 +50,29 @@ func typeOf(url string) (typ, bool) {
 // resource name so a change reaches exactly the watches it affects.
 type Cache struct {
 	gen *Generator
+	// nonce distinguishes this cache's versions from those of another
+	// cache, in this process or a previous run of it.
+	nonce string
 
 	mu      sync.Mutex
-	views   map[View]*viewState
+	views   map[model.View]*viewState
 	version uint64 // SotW response versions
+	serial  uint64 // numbers the views this cache has made
 
 	// onResponse, if set, is called for every response the cache issues.
-	onResponse func(v View, t typ, n int)
+	onResponse func(v model.View, t typ, n int)
 }
 
 var _ cache.Cache = (*Cache)(nil)
 
 // NewCache returns a cache that builds resources with gen.
 func NewCache(gen *Generator) *Cache {
-	return &Cache{gen: gen, views: map[View]*viewState{}}
+	return &Cache{gen: gen, views: map[model.View]*viewState{}, nonce: strconv.FormatUint(rand.Uint64(), 36)}
 }
 
 // viewState is everything one view receives.
 type viewState struct {
-	view View
+	view model.View
 	res  [numTypes]map[string]*Resource
 	// hostNames lists, per type, the resource names built for each
 	// service hostname; EDS holds only names that were asked for.
@@ -93,33 +96,27 @@ func (vs *viewState) touched(t typ) {
 	}
 }
 
-// fullVersion is unique to this process, this view and this set: a client
+// fullVersion is unique to this cache, this view and this set: a client
 // reconnecting to a restarted host, or under another view, never matches
 // a set it does not have.
 func (vs *viewState) fullVersion(t typ) string {
 	return vs.versionPrefix + strconv.FormatUint(vs.setVersion[t], 10)
 }
 
-// processNonce distinguishes this process's versions from a previous
-// run's.
-var processNonce = strconv.FormatInt(time.Now().UnixNano(), 36)
-
-// viewSerial numbers views across every cache of the process.
-var viewSerial atomic.Uint64
-
-func (c *Cache) viewLocked(v View) *viewState {
+func (c *Cache) viewLocked(v model.View) *viewState {
 	vs, ok := c.views[v]
 	if ok {
 		return vs
 	}
-	vs = &viewState{view: v, versionPrefix: processNonce + "." + strconv.FormatUint(viewSerial.Add(1), 36) + "."}
+	c.serial++
+	vs = &viewState{view: v, versionPrefix: c.nonce + "." + strconv.FormatUint(c.serial, 36) + "."}
 	for t := range numTypes {
 		vs.res[t] = map[string]*Resource{}
 		vs.hostNames[t] = map[string][]string{}
 		vs.byName[t] = map[string]map[*watch]struct{}{}
 		vs.wildcard[t] = map[*watch]struct{}{}
 	}
-	for _, svc := range c.gen.Agg.Services() {
+	for _, svc := range c.gen.agg.Services() {
 		c.buildHostLocked(vs, svc.Hostname, svc)
 	}
 	c.buildGatewayLocked(vs) // east-west gateway listener: gateway.go
@@ -150,7 +147,7 @@ func (vs *viewState) replaceHost(t typ, host string, built []*Resource) []string
 	names := make([]string, 0, len(built))
 	for _, r := range built {
 		names = append(names, r.Name)
-		if prev, ok := vs.res[t][r.Name]; !ok || prev.Version != r.Version {
+		if prev, ok := vs.res[t][r.Name]; !ok || prev.Version() != r.Version() {
 			changed = append(changed, r.Name)
 		}
 		vs.res[t][r.Name] = r
@@ -218,8 +215,9 @@ func (c *Cache) wildcardNames(vs *viewState, t typ) []string {
 	return names
 }
 
-// isEDS reports whether a cluster resource is an EDS cluster. Clusters are
-// built by this package, so the marshaled type field is enough to tell.
+// isEDS reports whether a cluster resource is an EDS cluster: the
+// generator marks those as it builds them, so no cluster is unmarshaled to
+// tell.
 func isEDS(r *Resource) bool { return r.eds }
 
 // watch is one open watch of a stream for one type.
@@ -257,7 +255,7 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 	return c.open(node.View(), w), nil
 }
 
-func (c *Cache) open(v View, w *watch) func() {
+func (c *Cache) open(v model.View, w *watch) func() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	vs := c.viewLocked(v)
@@ -325,7 +323,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 			}
 			present++
 			send = append(send, r)
-			if returned[n] != r.Version {
+			if returned[n] != r.Version() {
 				changed = true
 			}
 		}
@@ -339,7 +337,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 		}
 		next := make(map[string]string, len(send))
 		for _, r := range send {
-			next[r.Name] = r.Version
+			next[r.Name] = r.Version()
 		}
 		version := ""
 		if w.wildcard {
@@ -349,7 +347,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 		return true
 	}
 	for _, n := range names {
-		if r := c.resourceLocked(vs, w.t, n); r != nil && returned[n] != r.Version {
+		if r := c.resourceLocked(vs, w.t, n); r != nil && returned[n] != r.Version() {
 			send = append(send, r)
 		}
 	}
@@ -369,7 +367,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 		next = map[string]string{}
 	}
 	for _, r := range send {
-		next[r.Name] = r.Version
+		next[r.Name] = r.Version()
 	}
 	for _, n := range removed {
 		delete(next, n)
@@ -410,7 +408,7 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 	c.version++
 	out := make([]*discoveryv3.Resource, len(rs))
 	for i, r := range rs {
-		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
+		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
 	if c.onResponse != nil {
@@ -432,7 +430,7 @@ func (c *Cache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
 // Endpoint-only changes rebuild CLAs of the affected services; service
 // changes also rebuild their clusters, listeners and routes; a full change
 // rebuilds everything.
-func (c *Cache) Push(change replica.Change) PushStats {
+func (c *Cache) Push(change model.Change) PushStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var st PushStats
@@ -446,7 +444,7 @@ func (c *Cache) Push(change replica.Change) PushStats {
 				attrs := change.Services[host]
 				if attrs || c.subsetsChangedLocked(vs, host) {
 					rebuilt = true
-					for t, names := range c.buildHostLocked(vs, host, c.gen.Agg.GetService(host)) {
+					for t, names := range c.buildHostLocked(vs, host, c.gen.agg.GetService(host)) {
 						changed[t] = append(changed[t], names...)
 					}
 				}
@@ -491,11 +489,11 @@ func (c *Cache) rebuildAllLocked(vs *viewState) (changed [numTypes][]string) {
 			hosts[h] = true
 		}
 	}
-	for _, svc := range c.gen.Agg.Services() {
+	for _, svc := range c.gen.agg.Services() {
 		hosts[svc.Hostname] = true
 	}
 	for _, h := range slices.Sorted(maps.Keys(hosts)) {
-		for t, names := range c.buildHostLocked(vs, h, c.gen.Agg.GetService(h)) {
+		for t, names := range c.buildHostLocked(vs, h, c.gen.agg.GetService(h)) {
 			changed[t] = append(changed[t], names...)
 		}
 		changed[tEndpoint] = append(changed[tEndpoint], c.rebuildEndpointsLocked(vs, h)...)
@@ -516,7 +514,7 @@ func (c *Cache) subsetsChangedLocked(vs *viewState, host string) bool {
 			}
 		}
 	}
-	svc := c.gen.Agg.GetService(host)
+	svc := c.gen.agg.GetService(host)
 	if svc == nil {
 		return have > 0
 	}
@@ -536,7 +534,7 @@ func (c *Cache) rebuildEndpointsLocked(vs *viewState, host string) []string {
 			delete(vs.res[tEndpoint], name)
 			changed = append(changed, name)
 			continue
-		case prev == nil || r.Version != prev.Version:
+		case prev == nil || r.Version() != prev.Version():
 			changed = append(changed, name)
 		}
 		vs.res[tEndpoint][name] = r
@@ -573,7 +571,7 @@ func (c *Cache) notifyLocked(vs *viewState, t typ, changed []string) int {
 
 // Resources returns a copy of a view's current resources of a type, for
 // debugging.
-func (c *Cache) Resources(v View, typeURL string) []*Resource {
+func (c *Cache) Resources(v model.View, typeURL string) []*Resource {
 	t, ok := typeOf(typeURL)
 	if !ok {
 		return nil

@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"github.com/estuary-mesh/estuary/host/model"
 	"slices"
 	"testing"
 
@@ -27,23 +28,23 @@ func TestClusterKinds(t *testing.T) {
 	add("versions.example.com", registryv1.Resolution_RESOLUTION_STATIC,
 		&registryv1.Endpoint{Address: "10.0.0.1", Labels: map[string]string{"version": "v1"}},
 		&registryv1.Endpoint{Address: "10.0.0.2", Labels: map[string]string{"version": "v2"}})
-	gen := &Generator{Agg: f.agg}
+	gen := NewGenerator(f.agg, nil)
 
 	type want struct {
 		kind  clusterv3.Cluster_DiscoveryType
 		hosts int // endpoints in the inline load assignment
 	}
 	tests := []struct {
-		view Kind
+		view model.Kind
 		host string
 		want map[string]want
 	}{
-		{KindEnvoy, "dns.example.com", map[string]want{"outbound|80||dns.example.com": {clusterv3.Cluster_STRICT_DNS, 2}}},
-		{KindProxyless, "dns.example.com", map[string]want{"outbound|80||dns.example.com": {clusterv3.Cluster_LOGICAL_DNS, 1}}},
-		{KindEnvoy, "rr.example.com", map[string]want{"outbound|80||rr.example.com": {clusterv3.Cluster_LOGICAL_DNS, 1}}},
-		{KindEnvoy, "passthrough.example.com", map[string]want{"outbound|80||passthrough.example.com": {clusterv3.Cluster_ORIGINAL_DST, 0}}},
-		{KindProxyless, "passthrough.example.com", map[string]want{}},
-		{KindProxyless, "versions.example.com", map[string]want{
+		{model.KindEnvoy, "dns.example.com", map[string]want{"outbound|80||dns.example.com": {clusterv3.Cluster_STRICT_DNS, 2}}},
+		{model.KindProxyless, "dns.example.com", map[string]want{"outbound|80||dns.example.com": {clusterv3.Cluster_LOGICAL_DNS, 1}}},
+		{model.KindEnvoy, "rr.example.com", map[string]want{"outbound|80||rr.example.com": {clusterv3.Cluster_LOGICAL_DNS, 1}}},
+		{model.KindEnvoy, "passthrough.example.com", map[string]want{"outbound|80||passthrough.example.com": {clusterv3.Cluster_ORIGINAL_DST, 0}}},
+		{model.KindProxyless, "passthrough.example.com", map[string]want{}},
+		{model.KindProxyless, "versions.example.com", map[string]want{
 			"outbound|80||versions.example.com":   {clusterv3.Cluster_EDS, 0},
 			"outbound|80|v1|versions.example.com": {clusterv3.Cluster_EDS, 0},
 			"outbound|80|v2|versions.example.com": {clusterv3.Cluster_EDS, 0},
@@ -52,7 +53,7 @@ func TestClusterKinds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.view.String()+"/"+tt.host, func(t *testing.T) {
 			got := map[string]want{}
-			for _, r := range gen.Clusters(View{Kind: tt.view}, f.agg.GetService(tt.host)) {
+			for _, r := range gen.Clusters(model.View{Kind: tt.view}, f.agg.GetService(tt.host)) {
 				var c clusterv3.Cluster
 				if err := proto.Unmarshal(r.Any.GetValue(), &c); err != nil {
 					t.Fatal(err)

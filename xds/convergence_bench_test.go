@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"fmt"
+	"github.com/estuary-mesh/estuary/host/model"
 	"runtime"
 	"slices"
 	"sync"
@@ -45,7 +46,7 @@ func benchConvergence(b *testing.B, clients, services, perService int) {
 			c.Close()
 		}
 	}()
-	changing := ClusterName(8080, "", svcHost(0))
+	changing := model.ClusterName(8080, "", svcHost(0))
 	got := make(chan time.Time, clients)
 	var ready sync.WaitGroup
 	for i := range clients {
@@ -58,7 +59,7 @@ func benchConvergence(b *testing.B, clients, services, perService int) {
 		}
 		names := []string{changing}
 		for j := 1; j < 10; j++ {
-			names = append(names, ClusterName(8080, "", svcHost((i*9+j)%services)))
+			names = append(names, model.ClusterName(8080, "", svcHost((i*9+j)%services)))
 		}
 		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conns[len(conns)-1]).StreamAggregatedResources(ctx)
 		if err != nil {

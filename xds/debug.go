@@ -8,26 +8,13 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/estuary-mesh/estuary/host/model"
 )
 
-// EndpointRow is one endpoint a node receives, as `estuary proxy-config
-// endpoints` prints it.
-type EndpointRow struct {
-	Cluster  string `json:"cluster"`
-	Endpoint string `json:"endpoint"`
-	Health   string `json:"health"`
-	Weight   uint32 `json:"weight"`
-	Locality string `json:"locality"`
-	Network  string `json:"network,omitempty"`
-	// Registry is the cluster of the registry the endpoint came from (or,
-	// for a gateway, the gateway's cluster).
-	Registry string `json:"registry_cluster,omitempty"`
-	TLSMode  string `json:"tls_mode,omitempty"`
-}
-
 // EndpointRows decodes the CLAs a view receives (all, or one cluster).
-func (s *Server) EndpointRows(v View, cluster string) ([]EndpointRow, error) {
-	var rows []EndpointRow
+func (s *Server) EndpointRows(v model.View, cluster string) ([]model.EndpointRow, error) {
+	var rows []model.EndpointRow
 	for _, r := range s.cache.Resources(v, resourcev3.EndpointType) {
 		if cluster != "" && r.Name != cluster {
 			continue
@@ -42,7 +29,7 @@ func (s *Server) EndpointRows(v View, cluster string) ([]EndpointRow, error) {
 			for _, lb := range le.GetLbEndpoints() {
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 				md := lb.GetMetadata().GetFilterMetadata()
-				rows = append(rows, EndpointRow{
+				rows = append(rows, model.EndpointRow{
 					Cluster:  cla.GetClusterName(),
 					Endpoint: fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()),
 					Health:   lb.GetHealthStatus().String(),

@@ -1,9 +1,6 @@
 package xds
 
 import (
-	"cmp"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -12,29 +9,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/sdk"
 )
-
-// LbEndpoint is one endpoint of a ClusterLoadAssignment before encoding.
-type LbEndpoint struct {
-	Address string
-	Port    uint32
-	// Weight is the load-balancing weight; 0 is sent as 1.
-	Weight  uint32
-	Health  sdk.Health
-	Network string
-	Cluster string
-	TLSMode sdk.TLSMode
-}
-
-// LocalityGroup is the endpoints of one locality.
-type LocalityGroup struct {
-	Locality string // "region/zone/subzone"
-	// Weight of the locality; 0 means the sum of its endpoints' weights.
-	Weight    uint32
-	Priority  uint32
-	Endpoints []LbEndpoint
-}
 
 // Field numbers of the envoy messages a ClusterLoadAssignment is made of
 // (envoy/config/endpoint/v3, envoy/config/core/v3, google/protobuf
@@ -72,33 +49,8 @@ type metaKey struct {
 	tls              sdk.TLSMode
 }
 
-// metadataCache holds each distinct endpoint metadata marshaled once, so
-// that no endpoint pays for structpb. It grows with networks × clusters.
-var metadataCache = struct {
-	sync.RWMutex
-	m map[metaKey][]byte
-}{m: map[metaKey][]byte{}}
-
-func metadataBytes(k metaKey) []byte {
-	metadataCache.RLock()
-	b, ok := metadataCache.m[k]
-	metadataCache.RUnlock()
-	if ok {
-		return b
-	}
-	md := EndpointMetadata(k.network, k.cluster, k.tls)
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(md)
-	if err != nil {
-		panic(err) // a Metadata of strings always marshals
-	}
-	metadataCache.Lock()
-	metadataCache.m[k] = b
-	metadataCache.Unlock()
-	return b
-}
-
-// EndpointMetadata is the metadata Istio attaches to an endpoint.
-func EndpointMetadata(network, cluster string, tls sdk.TLSMode) *corev3.Metadata {
+// endpointMetadata is the metadata Istio attaches to an endpoint.
+func endpointMetadata(network, cluster string, tls sdk.TLSMode) *corev3.Metadata {
 	istio := map[string]any{}
 	if network != "" {
 		istio["network"] = network
@@ -118,29 +70,60 @@ func EndpointMetadata(network, cluster string, tls sdk.TLSMode) *corev3.Metadata
 	return md
 }
 
-// encoder turns locality groups into ClusterLoadAssignment bytes with
-// protowire: no intermediate envoy objects, metadata spliced in from the
-// cache, deterministic output. Its buffers are reused between calls.
-type encoder struct {
+// claEncoder turns locality groups into ClusterLoadAssignment bytes with
+// protowire: no intermediate envoy objects, metadata spliced in from its
+// cache, deterministic output. A Generator owns one.
+type claEncoder struct {
+	// meta holds each distinct endpoint metadata marshaled once, so that
+	// no endpoint pays for structpb. It grows with networks × clusters.
+	mu   sync.RWMutex
+	meta map[metaKey][]byte
+	// bufs holds *encodeBuf, reused between calls.
+	bufs sync.Pool
+}
+
+// encodeBuf is one encoding's working memory.
+type encodeBuf struct {
 	grp []byte // the LbEndpoints of one group
 }
 
-var encoderPool = sync.Pool{New: func() any { return &encoder{} }}
+func (c *claEncoder) metadataBytes(k metaKey) []byte {
+	c.mu.RLock()
+	b, ok := c.meta[k]
+	c.mu.RUnlock()
+	if ok {
+		return b
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(endpointMetadata(k.network, k.cluster, k.tls))
+	if err != nil {
+		panic(err) // a Metadata of strings always marshals
+	}
+	c.mu.Lock()
+	if c.meta == nil {
+		c.meta = map[metaKey][]byte{}
+	}
+	c.meta[k] = b
+	c.mu.Unlock()
+	return b
+}
 
-// EncodeCLA encodes a ClusterLoadAssignment for cluster.
-func EncodeCLA(cluster string, groups []LocalityGroup) []byte {
-	e := encoderPool.Get().(*encoder)
-	defer encoderPool.Put(e)
+// encode encodes a ClusterLoadAssignment for cluster.
+func (c *claEncoder) encode(cluster string, groups []model.LocalityGroup) []byte {
+	e, _ := c.bufs.Get().(*encodeBuf)
+	if e == nil {
+		e = &encodeBuf{}
+	}
+	defer c.bufs.Put(e)
 	out := make([]byte, 0, 64+len(cluster)+estimateSize(groups))
 	out = protowire.AppendTag(out, claClusterName, protowire.BytesType)
 	out = protowire.AppendString(out, cluster)
 	for i := range groups {
-		out = e.appendGroup(out, &groups[i])
+		out = c.appendGroup(e, out, &groups[i])
 	}
 	return out
 }
 
-func estimateSize(groups []LocalityGroup) int {
+func estimateSize(groups []model.LocalityGroup) int {
 	n := 0
 	for i := range groups {
 		n += 40 + 120*len(groups[i].Endpoints)
@@ -148,7 +131,7 @@ func estimateSize(groups []LocalityGroup) int {
 	return n
 }
 
-func (e *encoder) appendGroup(out []byte, g *LocalityGroup) []byte {
+func (c *claEncoder) appendGroup(e *encodeBuf, out []byte, g *model.LocalityGroup) []byte {
 	e.grp = e.grp[:0]
 	var sum uint64
 	var lastKey metaKey
@@ -162,10 +145,10 @@ func (e *encoder) appendGroup(out []byte, g *LocalityGroup) []byte {
 		sum += uint64(w)
 		k := metaKey{ep.Network, ep.Cluster, ep.TLSMode}
 		if lastMeta == nil || k != lastKey {
-			lastKey, lastMeta = k, metadataBytes(k)
+			lastKey, lastMeta = k, c.metadataBytes(k)
 		}
 		e.grp = protowire.AppendTag(e.grp, lleLbEndpoints, protowire.BytesType)
-		e.grp = e.appendLbEndpoint(e.grp, ep, w, lastMeta)
+		e.grp = appendLbEndpoint(e.grp, ep, w, lastMeta)
 	}
 	weight := uint64(g.Weight)
 	if weight == 0 {
@@ -201,7 +184,7 @@ func (e *encoder) appendGroup(out []byte, g *LocalityGroup) []byte {
 }
 
 // appendLbEndpoint appends a length-prefixed LbEndpoint.
-func (e *encoder) appendLbEndpoint(out []byte, ep *LbEndpoint, weight uint32, meta []byte) []byte {
+func appendLbEndpoint(out []byte, ep *model.LbEndpoint, weight uint32, meta []byte) []byte {
 	saSize := stringFieldSize(saAddress, ep.Address) + 1 + protowire.SizeVarint(uint64(ep.Port))
 	addrSize := 1 + protowire.SizeBytes(saSize)
 	endpointSize := 1 + protowire.SizeBytes(addrSize)
@@ -257,46 +240,4 @@ func splitLocality(l string) (region, zone, subzone string) {
 	region, rest, _ := strings.Cut(l, "/")
 	zone, subzone, _ = strings.Cut(rest, "/")
 	return
-}
-
-// GroupByLocality sorts endpoints into locality groups, in locality order,
-// keeping the endpoints' order within a group.
-func GroupByLocality(eps []LbEndpoint, localities []string) []LocalityGroup {
-	idx := map[string]int{}
-	var groups []LocalityGroup
-	for i := range eps {
-		l := localities[i]
-		j, ok := idx[l]
-		if !ok {
-			j = len(groups)
-			idx[l] = j
-			groups = append(groups, LocalityGroup{Locality: l})
-		}
-		groups[j].Endpoints = append(groups[j].Endpoints, eps[i])
-	}
-	slices.SortFunc(groups, func(a, b LocalityGroup) int { return cmp.Compare(a.Locality, b.Locality) })
-	return groups
-}
-
-// ClusterName is Istio's outbound cluster name: outbound|PORT|SUBSET|HOST.
-func ClusterName(port uint32, subset, host string) string {
-	return "outbound|" + strconv.FormatUint(uint64(port), 10) + "|" + subset + "|" + host
-}
-
-// ParseClusterName splits an outbound cluster name.
-func ParseClusterName(name string) (port uint32, subset, host string, ok bool) {
-	rest, found := strings.CutPrefix(name, "outbound|")
-	if !found {
-		return 0, "", "", false
-	}
-	ps, rest, found1 := strings.Cut(rest, "|")
-	subset, host, found2 := strings.Cut(rest, "|")
-	if !found1 || !found2 {
-		return 0, "", "", false
-	}
-	p, err := strconv.ParseUint(ps, 10, 32)
-	if err != nil {
-		return 0, "", "", false
-	}
-	return uint32(p), subset, host, true
 }

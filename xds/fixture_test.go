@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
@@ -96,13 +97,13 @@ type watcherSet []*sotwWatcher
 // openEDSWatches opens n watches of the view, each on perWatcher CLAs
 // (watcher i watches services i*perWatcher...), takes their first response
 // as a client would, and leaves them waiting for changes.
-func openEDSWatches(tb testing.TB, c *Cache, v View, n, perWatcher, services int) watcherSet {
+func openEDSWatches(tb testing.TB, c *Cache, v model.View, n, perWatcher, services int) watcherSet {
 	tb.Helper()
 	ws := make(watcherSet, n)
 	for i := range ws {
 		names := make([]string, perWatcher)
 		for j := range names {
-			names[j] = ClusterName(8080, "", svcHost((i*perWatcher+j)%services))
+			names[j] = model.ClusterName(8080, "", svcHost((i*perWatcher+j)%services))
 		}
 		sub := stream.NewSotwSubscription(names, false)
 		ws[i] = &sotwWatcher{
@@ -137,13 +138,13 @@ func (ws watcherSet) rearm(tb testing.TB, c *Cache) {
 }
 
 // nodeFor is a node whose metadata gives view v.
-func nodeFor(v View, id string) *corev3.Node {
+func nodeFor(v model.View, id string) *corev3.Node {
 	md, _ := structpb.NewStruct(map[string]any{"NETWORK": v.Network, "CLUSTER_ID": v.Cluster, "REQUESTED_NETWORK_VIEW": v.Networks})
 	n := &corev3.Node{Id: id, Metadata: md}
 	switch v.Kind {
-	case KindProxyless:
+	case model.KindProxyless:
 		n.UserAgentName = "gRPC Go"
-	case KindRouter:
+	case model.KindRouter:
 		n.Id = "router~" + id
 	}
 	return n

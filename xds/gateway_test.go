@@ -13,13 +13,17 @@ import (
 	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2/hclparse"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
-	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/xds"
 )
 
@@ -79,7 +83,7 @@ func gwEndpoints(host string, eps ...*registryv1.Endpoint) *registryv1.Event {
 func gwEP(addr, network, version string, mtls bool) *registryv1.Endpoint {
 	e := &registryv1.Endpoint{Address: addr, Network: network, Locality: "us-east1/us-east1-b", TargetPorts: map[string]uint32{"p8080": 18080}}
 	if version != "" {
-		e.Labels = map[string]string{xds.SubsetLabel: version}
+		e.Labels = map[string]string{model.SubsetLabel: version}
 	}
 	if mtls {
 		e.TlsMode = registryv1.TLSMode_TLS_MODE_ISTIO
@@ -87,18 +91,24 @@ func gwEP(addr, network, version string, mtls bool) *registryv1.Endpoint {
 	return e
 }
 
-// gwNets places the endpoints of cluster2, which carry no network and
-// whose registry has no default, on network2.
-type gwNets struct{}
-
-func (gwNets) EndpointNetwork(k replica.InstanceKey, _ sdk.InstanceProperties, _ string) string {
-	if k.Cluster == "cluster2" {
-		return "network2"
-	}
-	return ""
+// gwNetworks places the endpoints of cluster2, which carry no network and
+// whose registry has no default, on network2, by from_registry.
+func gwNetworks(t *testing.T, agg *aggregate.Registry) *network.Manager {
+	f, diags := hclparse.NewParser().ParseHCL([]byte(`network "network2" {
+  endpoints { from_registry = "cluster2" }
 }
-func (gwNets) Filter(_ xds.View, g []xds.LocalityGroup) []xds.LocalityGroup { return g }
-func (gwNets) Generation() uint64                                           { return 1 }
+`), "plugins.hcl")
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	cfg, diags := network.Decode(f.Body, "plugins.hcl")
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	m := network.New(agg, hclog.NewNullLogger(), network.Options{ResolvConf: "/nonexistent"})
+	m.Apply(cfg)
+	return m
+}
 
 const (
 	gwEcho = "echo.default.svc.cluster.local"
@@ -120,20 +130,20 @@ func setupGatewayMesh(t *testing.T) *gwMesh {
 		gwSynced())
 	m.apply("cluster2", gwAdded(""),
 		gwService(gwEcho, registryv1.Resolution_RESOLUTION_STATIC, 8080, 9090),
-		gwEndpoints(gwEcho, gwEP("10.2.0.1", "", "v1", true)), // network2 by the network filter
+		gwEndpoints(gwEcho, gwEP("10.2.0.1", "", "v1", true)), // network2 by from_registry
 		gwSynced())
 	return m
 }
 
 // routerView is what an east-west gateway of network1 presents.
-func routerView(t *testing.T) xds.View {
+func routerView(t *testing.T) model.View {
 	md, err := structpb.NewStruct(map[string]any{"NETWORK": "network1", "REQUESTED_NETWORK_VIEW": "network1", "CLUSTER_ID": "cluster1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := xds.ParseNode(&corev3.Node{Id: "router~10.1.0.100~istio-eastwestgateway-1.istio-system~istio-system.svc.cluster.local", Metadata: md})
 	v := n.View()
-	if v.Kind != xds.KindRouter || v.Network != "network1" || v.Networks != "network1" {
+	if v.Kind != model.KindRouter || v.Network != "network1" || v.Networks != "network1" {
 		t.Fatalf("router node view = %+v", v)
 	}
 	return v
@@ -154,7 +164,7 @@ func sniNames(host string, ports ...uint32) []string {
 // its own network's mTLS endpoints.
 func TestGatewayConfig(t *testing.T) {
 	m := setupGatewayMesh(t)
-	c := xds.NewCache(&xds.Generator{Agg: m.agg, Networks: gwNets{}})
+	c := xds.NewCache(xds.NewGenerator(m.agg, pipeline.New(m.agg, gwNetworks(t, m.agg), nil)))
 	v := routerView(t)
 	wantNames := sniNames(gwEcho, 8080, 9090)
 
@@ -218,7 +228,7 @@ func TestGatewayConfig(t *testing.T) {
 	}
 
 	// A sidecar of the same network gets none of it.
-	side := xds.View{Kind: xds.KindEnvoy, Network: "network1"}
+	side := model.View{Kind: model.KindEnvoy, Network: "network1"}
 	if got := resourceNames(c.Resources(side, resourcev3.ListenerType)); len(got) != 0 {
 		t.Errorf("sidecar listeners = %v", got)
 	}
@@ -233,17 +243,17 @@ func TestGatewayConfig(t *testing.T) {
 // endpoint change reaches the gateway's SNI clusters.
 func TestGatewayPush(t *testing.T) {
 	m := setupGatewayMesh(t)
-	c := xds.NewCache(&xds.Generator{Agg: m.agg, Networks: gwNets{}})
+	c := xds.NewCache(xds.NewGenerator(m.agg, pipeline.New(m.agg, gwNetworks(t, m.agg), nil)))
 	v := routerView(t)
-	before := c.Resources(v, resourcev3.ListenerType)[0].Version
+	before := c.Resources(v, resourcev3.ListenerType)[0].Version()
 	claBefore := claEndpoints(t, c.Resources(v, resourcev3.EndpointType))
 
 	const other = "other.default.svc.cluster.local"
 	m.apply("cluster1", gwService(other, registryv1.Resolution_RESOLUTION_STATIC, 7070),
 		gwEndpoints(other, &registryv1.Endpoint{Address: "10.1.5.1", TlsMode: registryv1.TLSMode_TLS_MODE_ISTIO}))
-	c.Push(replica.Change{Services: map[string]bool{other: true}})
+	c.Push(model.Change{Services: map[string]bool{other: true}})
 	ls := c.Resources(v, resourcev3.ListenerType)
-	if len(ls) != 1 || ls[0].Version == before {
+	if len(ls) != 1 || ls[0].Version() == before {
 		t.Fatalf("listener not rebuilt for a new service")
 	}
 	l := &listenerv3.Listener{}
@@ -254,7 +264,7 @@ func TestGatewayPush(t *testing.T) {
 
 	// Endpoints only: 10.1.0.2 goes away.
 	m.apply("cluster1", gwEndpoints(gwEcho, gwEP("10.1.0.1", "", "v1", true), gwEP("10.0.0.7", "network1", "v2", true)))
-	c.Push(replica.Change{Services: map[string]bool{gwEcho: false}})
+	c.Push(model.Change{Services: map[string]bool{gwEcho: false}})
 	after := claEndpoints(t, c.Resources(v, resourcev3.EndpointType))
 	name := "outbound_.8080_._." + gwEcho
 	if fmt.Sprint(after[name]) != "[10.1.0.1:18080 10.0.0.7:18080]" {
@@ -262,30 +272,6 @@ func TestGatewayPush(t *testing.T) {
 	}
 	if fmt.Sprint(after["outbound_.7070_._."+other]) != "[10.1.5.1:7070]" {
 		t.Errorf("new service's gateway endpoints = %v", after["outbound_.7070_._."+other])
-	}
-}
-
-func TestSNIClusterNames(t *testing.T) {
-	for _, tc := range []struct {
-		port         uint32
-		subset, host string
-		name         string
-	}{
-		{8080, "", "echo.default.svc.cluster.local", "outbound_.8080_._.echo.default.svc.cluster.local"},
-		{15010, "v1", "a_.b", "outbound_.15010_.v1_.a_.b"},
-	} {
-		if got := xds.SNIClusterName(tc.port, tc.subset, tc.host); got != tc.name {
-			t.Errorf("SNIClusterName = %s, want %s", got, tc.name)
-		}
-		p, s, h, ok := xds.ParseSNIClusterName(tc.name)
-		if !ok || p != tc.port || s != tc.subset || h != tc.host {
-			t.Errorf("ParseSNIClusterName(%s) = %d %q %q %v", tc.name, p, s, h, ok)
-		}
-	}
-	for _, bad := range []string{"outbound|8080||h", "outbound_.x_._.h", "outbound_.80_._.", "inbound_.80_._.h"} {
-		if _, _, _, ok := xds.ParseSNIClusterName(bad); ok {
-			t.Errorf("ParseSNIClusterName(%q) accepted", bad)
-		}
 	}
 }
 

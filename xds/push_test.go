@@ -10,7 +10,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
@@ -20,18 +20,18 @@ import (
 func TestPushScope(t *testing.T) {
 	f := newFixture(t)
 	f.populate(5, 1)
-	c := NewCache(&Generator{Agg: f.agg})
-	node := nodeFor(View{Kind: KindEnvoy, Network: "network1"}, envoyNode)
+	c := NewCache(NewGenerator(f.agg, nil))
+	node := nodeFor(model.View{Kind: model.KindEnvoy, Network: "network1"}, envoyNode)
 	cdsSub := stream.NewSotwSubscription(nil, true)
 	cds := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: node}, sub: &cdsSub, ch: make(chan cache.Response, 1)}
 	cds.open(t, c)
-	eds := openEDSWatches(t, c, View{Kind: KindEnvoy, Network: "network1"}, 1, 5, 5)
+	eds := openEDSWatches(t, c, model.View{Kind: model.KindEnvoy, Network: "network1"}, 1, 5, 5)
 	all := append(watcherSet{cds}, eds...)
 	all.rearm(t, c) // take the first CDS response
 	base := [2]int{cds.responses, eds[0].responses}
 
 	f.endpoints(svcHost(2), genEndpoints(3, 20))
-	st := c.Push(replica.Change{Services: map[string]bool{svcHost(2): false}})
+	st := c.Push(model.Change{Services: map[string]bool{svcHost(2): false}})
 	all.rearm(t, c)
 	if st.Responses[tCluster] != 0 || cds.responses != base[0] {
 		t.Errorf("endpoint-only change answered CDS (%d responses)", st.Responses[tCluster])
@@ -44,14 +44,14 @@ func TestPushScope(t *testing.T) {
 	f.apply(false, &registryv1.Event{Instance: f.id, Kind: &registryv1.Event_ServiceUpserted{ServiceUpserted: &registryv1.ServiceUpserted{Service: &registryv1.Service{
 		Hostname: svcHost(2), Namespace: "default", Ports: []*registryv1.Port{{Name: "grpc", Number: 8080, Protocol: "GRPC"}, {Name: "http", Number: 9090, Protocol: "HTTP"}},
 	}}}})
-	st = c.Push(replica.Change{Services: map[string]bool{svcHost(2): true}})
+	st = c.Push(model.Change{Services: map[string]bool{svcHost(2): true}})
 	all.rearm(t, c)
 	if st.Responses[tCluster] != 1 || cds.responses != base[0]+1 {
 		t.Errorf("service change: %d CDS responses, want 1", st.Responses[tCluster])
 	}
 
 	// A full change with nothing different answers nobody.
-	if st := c.Push(replica.Change{Full: true}); st.Total() != 0 {
+	if st := c.Push(model.Change{Full: true}); st.Total() != 0 {
 		t.Errorf("a full push of unchanged resources answered %d watches", st.Total())
 	}
 }
@@ -63,7 +63,7 @@ func TestDebounceMergesABurst(t *testing.T) {
 	f.populate(3, 1)
 	s := New(Options{Listen: "127.0.0.1:0", DebounceAfter: 300 * time.Millisecond, DebounceMax: 10 * time.Second}, f.agg, nil, f.agg, hclog.NewNullLogger(), nil)
 	pushes := make(chan PushStats, 10)
-	s.onPush = func(st PushStats, c replica.Change) { pushes <- st }
+	s.onPush = func(st PushStats, c model.Change) { pushes <- st }
 	serve(t, s)
 	openEDSWatches(t, s.Cache(), proxylessView, 1, 3, 3)
 	for i := range 3 {
@@ -90,8 +90,8 @@ func TestDebounceMergesABurst(t *testing.T) {
 func TestWildcardACKOfTheCurrentSet(t *testing.T) {
 	f := newFixture(t)
 	f.populate(3, 1)
-	c := NewCache(&Generator{Agg: f.agg})
-	view := View{Kind: KindEnvoy, Network: "network1"}
+	c := NewCache(NewGenerator(f.agg, nil))
+	view := model.View{Kind: model.KindEnvoy, Network: "network1"}
 	open := func(version string) (*sotwWatcher, cache.Response) {
 		sub := stream.NewSotwSubscription(nil, true)
 		w := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: nodeFor(view, envoyNode), VersionInfo: version}, sub: &sub, ch: make(chan cache.Response, 1)}
@@ -110,7 +110,7 @@ func TestWildcardACKOfTheCurrentSet(t *testing.T) {
 	if _, again := open(first.GetResponseVersion()); again != nil {
 		t.Errorf("a client holding the current set was sent it again")
 	}
-	other := NewCache(&Generator{Agg: f.agg})
+	other := NewCache(NewGenerator(f.agg, nil))
 	sub := stream.NewSotwSubscription(nil, true)
 	w := &sotwWatcher{req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, Node: nodeFor(view, envoyNode)}, sub: &sub, ch: make(chan cache.Response, 1)}
 	w.open(t, other)

@@ -9,6 +9,8 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/host/model"
 )
 
 // running starts Run on a listening server with one client stream that has
@@ -50,7 +52,7 @@ func running(t *testing.T) (*Server, <-chan *discoveryv3.DiscoveryResponse, func
 		t.Fatal(err)
 	}
 	ch := pump(t, st.Recv)
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: nodeFor(View{Kind: KindEnvoy, Network: "network1"}, envoyNode), TypeUrl: resourcev3.ClusterType}); err != nil {
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: nodeFor(model.View{Kind: model.KindEnvoy, Network: "network1"}, envoyNode), TypeUrl: resourcev3.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
 	recv(t, ch, "CDS")

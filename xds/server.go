@@ -20,7 +20,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
-	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 )
 
 // Options configure the server.
@@ -43,7 +44,7 @@ type Server struct {
 	ln      net.Listener // set by Listen, served by Run
 
 	pendingMu sync.Mutex
-	pending   replica.Change
+	pending   model.Change
 	firstAt   time.Time // first change of the pending batch
 	lastAt    time.Time // last change of the pending batch
 	wake      chan struct{}
@@ -52,7 +53,7 @@ type Server struct {
 	streams map[int64]*streamInfo
 
 	// onPush, if set, observes every push, for tests.
-	onPush func(PushStats, replica.Change)
+	onPush func(PushStats, model.Change)
 }
 
 type metrics struct {
@@ -72,7 +73,7 @@ type streamInfo struct {
 	View   string               `json:"view"`
 	Since  time.Time            `json:"connected_at"`
 	Types  map[string]*typeInfo `json:"types"`
-	view   View
+	view   model.View
 	parsed bool
 }
 
@@ -95,15 +96,16 @@ type typeInfo struct {
 // the network manager, which sees every registry change before the server
 // does; without networks (tests) it is the aggregate itself.
 type Upstream interface {
-	Subscribe(func(replica.Change))
+	Subscribe(func(model.Change))
 }
 
-// New builds a server over the aggregate registry. nets may be nil (one
-// network). The server follows upstream and nothing else: following the
-// aggregate as well would let a push race the network manager's
-// recomputation of the gateways it depends on.
-func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
-	gen := &Generator{Agg: agg, Networks: nets}
+// New builds a server over the aggregate registry, whose EDS clusters come
+// from the endpoint pipeline eds (nil: one network). The server follows
+// upstream and nothing else: following the aggregate as well would let a
+// push race the network manager's recomputation of the gateways it depends
+// on.
+func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
+	gen := NewGenerator(agg, eds)
 	s := &Server{
 		opts:    opts,
 		logger:  logger.Named("xds"),
@@ -140,9 +142,6 @@ func New(opts Options, agg *aggregate.Registry, nets NetworkFilter, upstream Ups
 
 // Cache returns the server's resource cache.
 func (s *Server) Cache() *Cache { return s.cache }
-
-// Generator returns the server's resource generator.
-func (s *Server) Generator() *Generator { return s.gen }
 
 // Listen binds the gRPC address and returns it; Run serves on it. Binding
 // apart from serving lets the host print the address (port 0 included)
@@ -208,7 +207,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 // notify records a change from upstream for the next push. It runs on the
 // registry's update path and never blocks.
-func (s *Server) notify(c replica.Change) {
+func (s *Server) notify(c model.Change) {
 	s.pendingMu.Lock()
 	now := time.Now()
 	if s.pending.Empty() {
@@ -250,14 +249,14 @@ func (s *Server) debounce(ctx context.Context) {
 			continue
 		}
 		change, first := s.pending, s.firstAt
-		s.pending = replica.Change{}
+		s.pending = model.Change{}
 		s.pendingMu.Unlock()
 		s.push(change, first)
 	}
 }
 
 // push sends a change to every affected watch.
-func (s *Server) push(change replica.Change, first time.Time) {
+func (s *Server) push(change model.Change, first time.Time) {
 	start := time.Now()
 	st := s.cache.Push(change)
 	end := time.Now()
@@ -275,7 +274,7 @@ func (s *Server) push(change replica.Change, first time.Time) {
 }
 
 // PushNow applies a change without debouncing, for tests and benchmarks.
-func (s *Server) PushNow(change replica.Change) PushStats { return s.cache.Push(change) }
+func (s *Server) PushNow(change model.Change) PushStats { return s.cache.Push(change) }
 
 var typeNames = [numTypes]string{"cds", "eds", "lds", "rds"}
 
@@ -389,7 +388,7 @@ func (s *Server) Clients() []streamInfo {
 }
 
 // NodeView returns the view of a connected node.
-func (s *Server) NodeView(nodeID string) (View, bool) {
+func (s *Server) NodeView(nodeID string) (model.View, bool) {
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
 	for _, si := range s.streams {
@@ -397,5 +396,5 @@ func (s *Server) NodeView(nodeID string) (View, bool) {
 			return si.view, true
 		}
 	}
-	return View{}, false
+	return model.View{}, false
 }

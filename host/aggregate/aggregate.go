@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -68,7 +69,7 @@ type Registry struct {
 	versions   map[string]uint64
 
 	subsMu sync.Mutex
-	subs   []func(replica.Change)
+	subs   []func(model.Change)
 
 	conflicts prometheus.Gauge
 }
@@ -95,13 +96,13 @@ func New(store *replica.Store, reg prometheus.Registerer) *Registry {
 // has been updated. In the host the network manager is the one
 // subscriber; the xDS server follows the network manager, never the
 // aggregate, so it cannot see a change before the gateways account for it.
-func (r *Registry) Subscribe(fn func(replica.Change)) {
+func (r *Registry) Subscribe(fn func(model.Change)) {
 	r.subsMu.Lock()
 	defer r.subsMu.Unlock()
 	r.subs = append(r.subs, fn)
 }
 
-func (r *Registry) onChange(c replica.Change) {
+func (r *Registry) onChange(c model.Change) {
 	r.versionsMu.Lock()
 	r.counter++
 	if c.Full {
@@ -282,100 +283,6 @@ func (r *Registry) AppendEndpointSources(dst []EndpointSource, hostname string) 
 		}
 	}
 	return dst
-}
-
-// ServiceEndpoint is one endpoint of one service port.
-type ServiceEndpoint struct {
-	Instance replica.InstanceKey
-	Endpoint *replica.Endpoint
-	// Port is the port the endpoint listens on for the service port.
-	Port uint32
-}
-
-// Endpoints returns the endpoints of a service port whose labels include
-// every label in selector (nil selects all).
-func (r *Registry) Endpoints(hostname string, port uint32, selector map[string]string) []ServiceEndpoint {
-	svc := r.GetService(hostname)
-	if svc == nil {
-		return nil
-	}
-	sp, ok := findPort(svc.Ports, port)
-	if !ok {
-		return nil
-	}
-	var out []ServiceEndpoint
-	for _, src := range r.EndpointSources(hostname) {
-		for i := range src.Set.Endpoints {
-			e := &src.Set.Endpoints[i]
-			if Selects(selector, e.Labels) {
-				out = append(out, ServiceEndpoint{Instance: src.Instance.Key, Endpoint: e, Port: e.TargetPort(sp)})
-			}
-		}
-	}
-	return out
-}
-
-// Selects reports whether labels carry every key and value of selector.
-func Selects(selector, labels map[string]string) bool {
-	for k, v := range selector {
-		if lv, ok := labels[k]; !ok || lv != v {
-			return false
-		}
-	}
-	return true
-}
-
-func findPort(ports []sdk.Port, number uint32) (sdk.Port, bool) {
-	for _, p := range ports {
-		if p.Number == number {
-			return p, true
-		}
-	}
-	return sdk.Port{}, false
-}
-
-// ServiceInstance is a service port served by a proxy's workload.
-type ServiceInstance struct {
-	Hostname string
-	Port     sdk.Port
-	Instance replica.InstanceKey
-	Endpoint *replica.Endpoint
-}
-
-// ServiceInstances returns the service ports served at any of the proxy's
-// IPs. When clusterID is set, instances scoped to another cluster are not
-// searched; instances that are not cluster scoped always are.
-func (r *Registry) ServiceInstances(ips []string, clusterID string) []ServiceInstance {
-	var out []ServiceInstance
-	for _, in := range r.store.Instances() {
-		if clusterID != "" && in.Properties().ClusterScoped && in.Key.Cluster != clusterID {
-			continue
-		}
-		hosts := in.Hostnames()
-		slices.Sort(hosts)
-		for _, h := range hosts {
-			set := in.Endpoints(h)
-			if set.Len() == 0 {
-				continue
-			}
-			// The two reads are not atomic: the service may have been
-			// deleted since its endpoints were read.
-			svc := in.Service(h)
-			if svc == nil {
-				continue
-			}
-			for i := range set.Endpoints {
-				e := &set.Endpoints[i]
-				if !slices.Contains(ips, e.Address) {
-					continue
-				}
-				for _, p := range svc.Ports {
-					out = append(out, ServiceInstance{Hostname: h, Port: p, Instance: in.Key, Endpoint: e})
-				}
-			}
-		}
-	}
-	return out
 }
 
 // NetworkGateways returns the gateways every instance reports, in instance

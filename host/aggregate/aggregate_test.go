@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
@@ -108,10 +109,23 @@ func kube(cluster, vip string, ports []*registryv1.Port, eps ...*registryv1.Endp
 	}
 }
 
-func endpointAddrs(ses []aggregate.ServiceEndpoint) string {
+// endpointAddrs lists a service port's endpoints over every instance, in
+// order, as ADDR:TARGETPORT@CLUSTER.
+func endpointAddrs(agg *aggregate.Registry, host string, port uint32) string {
+	svc := agg.GetService(host)
+	if svc == nil {
+		return ""
+	}
+	i := slices.IndexFunc(svc.Ports, func(p sdk.Port) bool { return p.Number == port })
+	if i < 0 {
+		return ""
+	}
 	var out []string
-	for _, se := range ses {
-		out = append(out, fmt.Sprintf("%s:%d@%s", se.Endpoint.Address, se.Port, se.Instance.Cluster))
+	for _, src := range agg.EndpointSources(host) {
+		for j := range src.Set.Endpoints {
+			e := &src.Set.Endpoints[j]
+			out = append(out, fmt.Sprintf("%s:%d@%s", e.Address, e.TargetPort(svc.Ports[i]), src.Instance.Key.Cluster))
+		}
 	}
 	return strings.Join(out, " ")
 }
@@ -244,7 +258,7 @@ func TestMerge(t *testing.T) {
 			if !slices.Equal(conflicts, w.conflicts) {
 				t.Errorf("conflicts:\n got %q\nwant %q", conflicts, w.conflicts)
 			}
-			if e := endpointAddrs(agg.Endpoints(echo, w.ports[0].Number, nil)); e != w.endpoints {
+			if e := endpointAddrs(agg, echo, w.ports[0].Number); e != w.endpoints {
 				t.Errorf("endpoints = %q, want %q", e, w.endpoints)
 			}
 			// Services() agrees with GetService.
@@ -268,8 +282,8 @@ func TestUnmerge(t *testing.T) {
 	http := []*registryv1.Port{port("http", 80)}
 	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
-	var pushes []replica.Change
-	agg.Subscribe(func(c replica.Change) { pushes = append(pushes, c) })
+	var pushes []model.Change
+	agg.Subscribe(func(c model.Change) { pushes = append(pushes, c) })
 	c1 := kube("c1", "10.96.0.10", http, ep("10.0.0.1", nil, nil))
 	c2 := kube("c2", "10.97.0.10", http, ep("10.1.0.1", nil, nil))
 	sess := store.NewSession("kubernetes")
@@ -280,7 +294,7 @@ func TestUnmerge(t *testing.T) {
 	if s := agg.GetService(echo); s == nil || len(s.VIPs) != 2 {
 		t.Fatalf("merged service = %+v, want VIPs of two clusters", s)
 	}
-	if e := endpointAddrs(agg.Endpoints(echo, 80, nil)); e != "10.0.0.1:80@c1 10.1.0.1:80@c2" {
+	if e := endpointAddrs(agg, echo, 80); e != "10.0.0.1:80@c1 10.1.0.1:80@c2" {
 		t.Fatalf("endpoints = %s", e)
 	}
 	pushes = nil
@@ -295,7 +309,7 @@ func TestUnmerge(t *testing.T) {
 	if s == nil || !maps.EqualFunc(s.VIPs, map[string][]string{"c1": {"10.96.0.10"}}, slices.Equal) || len(s.Instances) != 1 {
 		t.Errorf("after c2 left: service = %+v, want only c1's VIP", s)
 	}
-	if e := endpointAddrs(agg.Endpoints(echo, 80, nil)); e != "10.0.0.1:80@c1" {
+	if e := endpointAddrs(agg, echo, 80); e != "10.0.0.1:80@c1" {
 		t.Errorf("after c2 left: endpoints = %s", e)
 	}
 	if len(pushes) != 1 || !pushes[0].Full {
@@ -329,58 +343,9 @@ func TestUnmerge(t *testing.T) {
 	}
 }
 
-func TestServiceInstances(t *testing.T) {
-	http := port("http", 80)
-	grpc := port("grpc", 9090)
-	store := replica.NewStore(nil)
-	agg := aggregate.New(store, nil)
-	both := func(addr string) map[string][]*registryv1.Endpoint {
-		return map[string][]*registryv1.Endpoint{echo: {ep(addr, nil, nil), ep("10.9.9.9", nil, nil)}}
-	}
-	load(t, store,
-		&inst{plugin: "kubernetes", provider: "Kubernetes", cluster: "c1", scoped: true,
-			services: []*registryv1.Service{service(echo, "default", nil, http, grpc)}, endpoints: both("10.0.0.5")},
-		&inst{plugin: "kubernetes", provider: "Kubernetes", cluster: "c2", scoped: true,
-			services: []*registryv1.Service{service(echo, "default", nil, http, grpc)}, endpoints: both("10.0.0.5")},
-		&inst{plugin: "static", provider: "Static", cluster: "s1",
-			services:  []*registryv1.Service{service("vm.example.com", "default", nil, http)},
-			endpoints: map[string][]*registryv1.Endpoint{"vm.example.com": {ep("10.0.0.5", nil, nil)}}},
-	)
-	tests := []struct {
-		ips     []string
-		cluster string
-		want    []string
-	}{
-		{[]string{"10.0.0.5"}, "c1", []string{
-			"c1 " + echo + " http", "c1 " + echo + " grpc", "s1 vm.example.com http"}},
-		{[]string{"10.0.0.5"}, "c2", []string{
-			"c2 " + echo + " http", "c2 " + echo + " grpc", "s1 vm.example.com http"}},
-		// A cluster no scoped instance belongs to: only unscoped ones.
-		{[]string{"10.0.0.5"}, "c3", []string{"s1 vm.example.com http"}},
-		// No CLUSTER_ID: every instance is searched.
-		{[]string{"10.0.0.5"}, "", []string{
-			"c1 " + echo + " http", "c1 " + echo + " grpc",
-			"c2 " + echo + " http", "c2 " + echo + " grpc", "s1 vm.example.com http"}},
-		{[]string{"192.168.0.1", "10.9.9.9"}, "c2", []string{"c2 " + echo + " http", "c2 " + echo + " grpc"}},
-		{[]string{"192.168.0.1"}, "", nil},
-	}
-	for _, tt := range tests {
-		t.Run(strings.Join(tt.ips, ",")+"/"+tt.cluster, func(t *testing.T) {
-			var got []string
-			for _, si := range agg.ServiceInstances(tt.ips, tt.cluster) {
-				if !slices.Contains(tt.ips, si.Endpoint.Address) {
-					t.Errorf("instance for %s, not a proxy IP", si.Endpoint.Address)
-				}
-				got = append(got, fmt.Sprintf("%s %s %s", si.Instance.Cluster, si.Hostname, si.Port.Name))
-			}
-			if !slices.Equal(got, tt.want) {
-				t.Errorf("ServiceInstances:\n got %q\nwant %q", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestEndpointsFilter(t *testing.T) {
+// TestEndpointTargetPorts: each endpoint serves a service port on its own
+// target port when it names one, else on the service port.
+func TestEndpointTargetPorts(t *testing.T) {
 	store := replica.NewStore(nil)
 	agg := aggregate.New(store, nil)
 	v1 := map[string]string{"app": "echo", "version": "v1"}
@@ -399,25 +364,19 @@ func TestEndpointsFilter(t *testing.T) {
 			endpoints: map[string][]*registryv1.Endpoint{echo: {ep("10.1.0.1", v2, map[string]uint32{"grpc": 50052})}}},
 	)
 	tests := []struct {
-		name     string
-		host     string
-		port     uint32
-		selector map[string]string
-		want     string
+		name string
+		host string
+		port uint32
+		want string
 	}{
-		{"all, target ports mapped", echo, 80, nil, "10.0.0.1:8080@c1 10.0.0.2:8081@c1 10.0.0.3:80@c1 10.0.0.4:80@c1 10.1.0.1:80@c2"},
-		{"other port", echo, 9090, nil, "10.0.0.1:9090@c1 10.0.0.2:50051@c1 10.0.0.3:9090@c1 10.0.0.4:9090@c1 10.1.0.1:50052@c2"},
-		{"by version", echo, 80, map[string]string{"version": "v1"}, "10.0.0.1:8080@c1 10.0.0.3:80@c1"},
-		{"by two labels", echo, 9090, map[string]string{"app": "echo", "version": "v2"}, "10.0.0.2:50051@c1 10.1.0.1:50052@c2"},
-		{"empty selector selects all", echo, 80, map[string]string{}, "10.0.0.1:8080@c1 10.0.0.2:8081@c1 10.0.0.3:80@c1 10.0.0.4:80@c1 10.1.0.1:80@c2"},
-		{"no match", echo, 80, map[string]string{"version": "v3"}, ""},
-		{"label present, value differs", echo, 80, map[string]string{"app": "other"}, ""},
-		{"port the service lacks", echo, 8080, nil, ""},
-		{"unknown host", "nope.example.com", 80, nil, ""},
+		{"all, target ports mapped", echo, 80, "10.0.0.1:8080@c1 10.0.0.2:8081@c1 10.0.0.3:80@c1 10.0.0.4:80@c1 10.1.0.1:80@c2"},
+		{"other port", echo, 9090, "10.0.0.1:9090@c1 10.0.0.2:50051@c1 10.0.0.3:9090@c1 10.0.0.4:9090@c1 10.1.0.1:50052@c2"},
+		{"port the service lacks", echo, 8080, ""},
+		{"unknown host", "nope.example.com", 80, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := endpointAddrs(agg.Endpoints(tt.host, tt.port, tt.selector)); got != tt.want {
+			if got := endpointAddrs(agg, tt.host, tt.port); got != tt.want {
 				t.Errorf("Endpoints:\n got %q\nwant %q", got, tt.want)
 			}
 		})
@@ -440,51 +399,5 @@ func TestNetworkGateways(t *testing.T) {
 	}
 	if want := []string{"n1@1.1.1.1", "n1@1.1.1.2", "n2@2.2.2.2"}; !slices.Equal(got, want) {
 		t.Errorf("NetworkGateways = %v, want %v", got, want)
-	}
-}
-
-// TestServiceInstancesDuringChurn reads service instances while a plugin
-// deletes and re-adds the service: a reader that saw the endpoints must
-// cope with the service being gone by the time it looks it up.
-func TestServiceInstancesDuringChurn(t *testing.T) {
-	store := replica.NewStore(nil)
-	agg := aggregate.New(store, nil)
-	c1 := kube("c1", "10.96.0.10", []*registryv1.Port{port("http", 80)}, ep("10.0.0.5", nil, nil))
-	sess := store.NewSession(c1.plugin)
-	seq := uint64(1)
-	if err := sess.Apply(&registryv1.WatchResponse{Sequence: seq, Snapshot: true, SnapshotDone: true, Events: c1.events()}); err != nil {
-		t.Fatal(err)
-	}
-	churn := []*registryv1.Event{
-		{Instance: c1.id(), Kind: &registryv1.Event_ServiceDeleted{ServiceDeleted: &registryv1.ServiceDeleted{Hostname: echo}}},
-	}
-	churn = append(churn, c1.events()[1:3]...) // upsert and endpoints again
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range 5000 {
-			seq++
-			if err := sess.Apply(&registryv1.WatchResponse{Sequence: seq, Events: churn[:1]}); err != nil {
-				t.Error(err)
-				return
-			}
-			seq++
-			if err := sess.Apply(&registryv1.WatchResponse{Sequence: seq, Events: churn[1:]}); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	for {
-		select {
-		case <-done:
-			return
-		default:
-		}
-		for _, si := range agg.ServiceInstances([]string{"10.0.0.5"}, "c1") {
-			if si.Hostname != echo || si.Port.Number != 80 {
-				t.Fatalf("service instance %+v", si)
-			}
-		}
 	}
 }

@@ -97,7 +97,7 @@ type Plugin struct {
 	// Config is the body of the config block (an empty body when absent).
 	Config hcl.Body `json:"-"`
 	// ConfigJSON is Config decoded against the plugin's schema, set by
-	// DecodePluginConfigs.
+	// DecodeConfig once the supervisor has the plugin's schema.
 	ConfigJSON []byte `json:"config,omitempty"`
 	// DeclRange is where the block starts.
 	DeclRange hcl.Range `json:"-"`
@@ -147,7 +147,7 @@ var pluginSchema = &hcl.BodySchema{
 
 // Load reads and validates a plugins.hcl file. Bundled plugin names are
 // checked against bundled; plugin config blocks are not decoded here (see
-// DecodePluginConfigs), since their schemas come from the plugins.
+// Plugin.DecodeConfig), since their schemas come from the plugins.
 func Load(filename string, bundled []string) (*File, hcl.Diagnostics) {
 	src, err := os.ReadFile(filename)
 	if err != nil {

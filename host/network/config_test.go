@@ -13,11 +13,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/meshtest"
 	"github.com/estuary-mesh/estuary/host/network"
 )
 
 func TestDecode(t *testing.T) {
-	cfg := decodeHCL(t, `
+	cfg := meshtest.Networks(t, `
   dns_servers = ["10.0.0.2", "[fd00::53]:5353"]
   network "network1" {
     endpoints {
@@ -225,7 +226,7 @@ network "a" {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, diags := parseNetworks(tt.body)
+			_, diags := meshtest.ParseNetworks(tt.body)
 			got := lines(config.Format(diags))
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
@@ -249,7 +250,7 @@ func TestMeshNetworksFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := decodeHCL(t, fmt.Sprintf("file = %q", path))
+	cfg := meshtest.Networks(t, fmt.Sprintf("file = %q", path))
 	want := `network1: endpoints [from_registry cluster1 from_cidr 192.168.100.0/22] gateways [address 192.168.100.1:15443 registry_service_name istio-eastwestgateway.istio-system.svc.cluster.local port 15443]
 network2: endpoints [from_registry cluster2 from_cidr 10.20.0.0/16] gateways [address gateway.network2.example.com:443]
 vm-network: endpoints [from_cidr 2001:db8::/64] gateways [address [2001:db8::1]:15443]
@@ -360,14 +361,14 @@ func TestMeshNetworksErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := write(strings.ReplaceAll(tt.name, " ", "_")+".yaml", tt.yaml)
-			_, diags := parseNetworks(tt.hcl + fmt.Sprintf("file = %q", p))
+			_, diags := meshtest.ParseNetworks(tt.hcl + fmt.Sprintf("file = %q", p))
 			got := lines(strings.ReplaceAll(config.Format(diags), p, "F"))
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
 			}
 		})
 	}
-	_, diags := parseNetworks(`file = "missing.yaml"`)
+	_, diags := meshtest.ParseNetworks(`file = "missing.yaml"`)
 	if got := config.Format(diags); !strings.HasPrefix(got, "plugins.hcl:2:8: error: Cannot read meshNetworks file: open missing.yaml") {
 		t.Errorf("missing file: %s", got)
 	}

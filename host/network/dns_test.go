@@ -14,9 +14,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/miekg/dns"
 
+	"github.com/estuary-mesh/estuary/host/meshtest"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/network"
-	"github.com/estuary-mesh/estuary/host/replica"
-	"github.com/estuary-mesh/estuary/xds"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
 // dnsServer is a DNS server on 127.0.0.1 whose answers the test sets.
@@ -122,15 +123,15 @@ func TestDNSGateway(t *testing.T) {
 	const name = "gw.network2.example.com"
 	srv.set(name, 0, dns.RcodeSuccess, "10.0.0.1", "fd00::1")
 
-	w := newWorld(t)
-	m := network.New(w.agg, hclog.NewNullLogger(), network.Options{MinTTL: 20 * time.Millisecond, MaxTTL: 2 * time.Second})
+	w := meshtest.New(t)
+	m := network.New(w.Agg, hclog.NewNullLogger(), network.Options{MinTTL: 20 * time.Millisecond, MaxTTL: 2 * time.Second})
 	var pushes atomic.Int64
-	m.Subscribe(func(c replica.Change) {
+	m.Subscribe(func(c model.Change) {
 		if c.Full {
 			pushes.Add(1)
 		}
 	})
-	withGateway := decodeHCL(t, fmt.Sprintf(`
+	withGateway := meshtest.Networks(t, fmt.Sprintf(`
   dns_servers = [%q]
   network "network2" {
     endpoints { from_cidr = "10.2.0.0/16" }
@@ -140,10 +141,9 @@ func TestDNSGateway(t *testing.T) {
     }
   }
 `, srv.addr, name))
-	remote := func() string {
-		groups := []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{lb("10.2.0.1", "network2", "c2", 0, istio)}}}
-		return render(m.Filter(xds.View{Network: "network1"}, groups))
-	}
+	w.Add(meshtest.Instance{Plugin: "west", Cluster: "c2", Services: []*registryv1.Service{echoService("c2")},
+		Endpoints: map[string][]*registryv1.Endpoint{echo: {ep("10.2.0.1", "", true)}}})
+	remote := func() string { return received(t, w, m, model.View{Network: "network1"}) }
 
 	// Until the name resolves (the resolver is not running yet), network2
 	// has a gateway with no address: its endpoints are dropped, never sent
@@ -182,7 +182,7 @@ func TestDNSGateway(t *testing.T) {
 		t.Errorf("dns status = %+v, want %s with TTL clamped to 20ms", st, name)
 	}
 	// One group of two gateways: scale 2, the endpoint's 2 splits 1 and 1.
-	if got, want := remote(), "locality=r/z priority=0 weight=2\n  10.0.0.1:15443 w=1 net=network2 cluster= tls=istio\n  fd00::1:15443 w=1 net=network2 cluster= tls=istio\n"; got != want {
+	if got, want := remote(), "locality=us-east1/us-east1-b priority=0 weight=2\n  10.0.0.1:15443 w=1 net=network2 cluster= tls=istio\n  fd00::1:15443 w=1 net=network2 cluster= tls=istio\n"; got != want {
 		t.Errorf("node on network1 got:\n%s\nwant:\n%s", got, want)
 	}
 
@@ -228,7 +228,7 @@ func TestDNSGateway(t *testing.T) {
 
 	// Removed from the config: gone at once, and no longer resolved.
 	before = pushes.Load()
-	m.Apply(decodeHCL(t, fmt.Sprintf(`dns_servers = [%q]`, srv.addr)))
+	m.Apply(meshtest.Networks(t, fmt.Sprintf(`dns_servers = [%q]`, srv.addr)))
 	if got := m.AllGateways(); len(got) != 0 {
 		t.Errorf("gateways after removal = %v", got)
 	}
@@ -238,8 +238,10 @@ func TestDNSGateway(t *testing.T) {
 	if st := m.Status().DNS; len(st) != 0 {
 		t.Errorf("the name is still resolved: %+v", st)
 	}
-	// No gateway left: multi-network is off, endpoints pass unchanged.
-	if got, want := remote(), "locality=r/z priority=0 weight=0\n  10.2.0.1:80 w=0 net=network2 cluster=c2 tls=istio\n"; got != want {
+	// No gateway left: multi-network is off, endpoints pass unchanged (an
+	// unset weight leaves the pipeline as 1, which it means to Envoy). The
+	// config no longer places 10.2.0.1 on network2 either.
+	if got, want := remote(), "locality=us-east1/us-east1-b priority=0 weight=0\n  10.2.0.1:8080 w=1 net= cluster=c2 tls=istio\n"; got != want {
 		t.Errorf("with no gateway, node got:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -1,8 +1,9 @@
-// Package network is the host's network manager: it decides which network
-// every endpoint is on and which east-west gateways lead into each network,
-// and rewrites the endpoints xDS clients receive so that a client never
-// gets an address on a network it cannot reach, only that network's
-// gateways, weighted as the endpoints behind them would be.
+// Package network is the host's network manager: it keeps the networks
+// config and works out which east-west gateways lead into each network.
+// The endpoint pipeline (host/pipeline) reads both, from one immutable
+// Snapshot, to place every endpoint on its network and to make sure a
+// client never gets an address on a network it cannot reach, only that
+// network's gateways, weighted as the endpoints behind them would be.
 //
 // # Networks
 //
@@ -15,8 +16,10 @@
 //
 // # Which network an endpoint is on
 //
-// Highest precedence first (the order Istio's code applies, which its API
-// comment states the other way round):
+// The pipeline decides it, with the config's answers for rules 3 and 4
+// (Snapshot.RegistryNetwork, Snapshot.CIDRNetwork). Highest precedence
+// first (the order Istio's code applies, which its API comment states the
+// other way round):
 //
 //  1. the endpoint's own network (topology.istio.io/network on its pod or
 //     WorkloadEntry, or the endpoint's network field);

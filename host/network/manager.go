@@ -17,9 +17,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
-	"github.com/estuary-mesh/estuary/sdk"
-	"github.com/estuary-mesh/estuary/xds"
 )
 
 // Options tune the manager; the zero value is what production uses.
@@ -57,9 +56,11 @@ func (g Gateway) same(o Gateway) bool {
 	return g.Network == o.Network && g.Cluster == o.Cluster && g.Address == o.Address && g.Port == o.Port
 }
 
-// Manager is the network manager: it decides which network every endpoint
-// is on, which gateways lead into each network, and rewrites what xDS
-// clients receive accordingly (it is the xDS server's NetworkFilter).
+// Manager is the network manager: it keeps the networks config and the
+// gateways that lead into each network, and publishes both as an immutable
+// Snapshot. The endpoint pipeline (host/pipeline) reads the snapshot to
+// place endpoints on networks and replace remote ones by gateways; the
+// manager itself decides nothing about endpoints.
 //
 // Gateways are the union of the config's `address` gateways, its
 // `registry_service_name` gateways and the gateways the registries report;
@@ -81,14 +82,12 @@ type Manager struct {
 	mu       sync.Mutex // serialises recomputation
 	cfg      *Config
 	svcNames map[string]bool // registry_service_name hostnames
-	snap     atomic.Pointer[snapshot]
+	snap     atomic.Pointer[Snapshot]
 	gen      atomic.Uint64
 
 	subsMu sync.Mutex
-	subs   []func(replica.Change)
+	subs   []func(model.Change)
 }
-
-var _ xds.NetworkFilter = (*Manager)(nil)
 
 // New builds a manager over the aggregate registry and follows its
 // changes. Call Apply with the config and Run to resolve DNS names.
@@ -124,13 +123,13 @@ func (m *Manager) Run(ctx context.Context) error {
 // manager has recomputed gateways for it (Full if they changed), and a Full
 // change whenever the config or a DNS answer changes networks or gateways.
 // The host's xDS server subscribes here, not to the aggregate.
-func (m *Manager) Subscribe(fn func(replica.Change)) {
+func (m *Manager) Subscribe(fn func(model.Change)) {
 	m.subsMu.Lock()
 	defer m.subsMu.Unlock()
 	m.subs = append(m.subs, fn)
 }
 
-func (m *Manager) publish(c replica.Change) {
+func (m *Manager) publish(c model.Change) {
 	m.subsMu.Lock()
 	subs := slices.Clone(m.subs)
 	m.subsMu.Unlock()
@@ -170,7 +169,7 @@ func (m *Manager) Apply(cfg *Config) {
 // change of a service that a registry_service_name names. Then it hands the
 // change on, widened to Full if the gateways moved: every endpoint of a
 // remote network may now be reached another way.
-func (m *Manager) onRegistryChange(c replica.Change) {
+func (m *Manager) onRegistryChange(c model.Change) {
 	if c.Full || m.namesGateway(c) {
 		if m.recompute("registry changed") {
 			c.Full = true
@@ -181,7 +180,7 @@ func (m *Manager) onRegistryChange(c replica.Change) {
 
 // namesGateway reports whether a change touches the attributes of a
 // service that a registry_service_name names.
-func (m *Manager) namesGateway(c replica.Change) bool {
+func (m *Manager) namesGateway(c model.Change) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for h, attrs := range c.Services {
@@ -196,7 +195,7 @@ func (m *Manager) namesGateway(c replica.Change) bool {
 // hands it on as Full when anything moved.
 func (m *Manager) recomputeAndPublish(reason string) {
 	if m.recompute(reason) {
-		m.publish(replica.Change{Full: true})
+		m.publish(model.Change{Full: true})
 	}
 }
 
@@ -221,9 +220,10 @@ func (m *Manager) recompute(reason string) bool {
 	return changed
 }
 
-// snapshot is an immutable view of networks and gateways; the xDS path
-// reads it without locks.
-type snapshot struct {
+// Snapshot is an immutable view of networks and gateways: the EDS path
+// loads it once per cluster and reads it without locks. A nil Snapshot is
+// a mesh without networks config: one network, no gateway.
+type Snapshot struct {
 	gen        uint64
 	cfg        *Config
 	byRegistry map[string]string // registry cluster -> network
@@ -252,7 +252,7 @@ type cidrRule struct {
 type netCluster struct{ network, cluster string }
 
 // sameAs reports whether two snapshots give every client the same result.
-func (s *snapshot) sameAs(o *snapshot) bool {
+func (s *Snapshot) sameAs(o *Snapshot) bool {
 	return s.cfg.Equal(o.cfg) && slices.EqualFunc(s.gateways, o.gateways, Gateway.same) &&
 		len(s.pending) == len(o.pending) && samePending(s.pending, o.pending)
 }
@@ -266,9 +266,9 @@ func samePending(a, b map[string]string) bool {
 	return true
 }
 
-func (m *Manager) build() *snapshot {
+func (m *Manager) build() *Snapshot {
 	cfg := m.cfg
-	s := &snapshot{
+	s := &Snapshot{
 		cfg: cfg, byRegistry: map[string]string{}, byNetwork: map[string][]int32{},
 		byNetCluster: map[netCluster][]int32{}, pending: map[string]string{}, scale: 1,
 	}
@@ -435,7 +435,7 @@ func (m *Manager) ScaleFactor() uint32 { return m.snap.Load().scale }
 // network. They are sorted by address, then port.
 func (m *Manager) Gateways(network, cluster string) []Gateway {
 	s := m.snap.Load()
-	idx := s.selectGateways(network, cluster)
+	idx, _ := s.SelectGateways(network, cluster)
 	out := make([]Gateway, len(idx))
 	for i, j := range idx {
 		out[i] = s.gateways[j]
@@ -449,103 +449,93 @@ func (m *Manager) AllGateways() []Gateway { return slices.Clone(m.snap.Load().ga
 // Config returns the config in effect.
 func (m *Manager) Config() *Config { return m.snap.Load().cfg }
 
-func (s *snapshot) selectGateways(network, cluster string) []int32 {
-	if g := s.byNetCluster[netCluster{network, cluster}]; len(g) > 0 {
-		return g
+// Snapshot returns the networks and gateways in effect. Read everything
+// one decision needs from the same snapshot.
+func (m *Manager) Snapshot() *Snapshot { return m.snap.Load() }
+
+// Generation changes whenever networks or gateways change; 0 for nil.
+func (s *Snapshot) Generation() uint64 {
+	if s == nil {
+		return 0
 	}
-	return s.byNetwork[network]
+	return s.gen
 }
 
-// Rule is what decided an endpoint's network. Rules apply in this order,
-// the first that gives a network wins (this is the order Istio's code
-// applies; its API comment claims the opposite):
-//
-//  1. RuleEndpoint: the endpoint's own network (the topology.istio.io/network
-//     label of its pod or WorkloadEntry, or the endpoint's network field);
-//  2. RuleRegistryDefault: the registry's default for its cluster (the label
-//     on the system namespace, or the plugin's network setting);
-//  3. RuleFromRegistry: the network whose from_registry names the
-//     endpoint's cluster;
-//  4. RuleFromCIDR: the network whose from_cidr contains the endpoint's IP.
-//
-// Validation refuses a registry in two networks and overlapping ranges
-// across networks, so each rule has at most one answer and the result is
-// deterministic.
-type Rule uint8
+// MultiNetwork reports whether there is at least one gateway, counting
+// configured gateways whose address is not known yet.
+func (s *Snapshot) MultiNetwork() bool { return s != nil && s.multi }
 
-// The rules, in precedence order.
-const (
-	RuleNone Rule = iota
-	RuleEndpoint
-	RuleRegistryDefault
-	RuleFromRegistry
-	RuleFromCIDR
-)
-
-func (r Rule) String() string {
-	switch r {
-	case RuleEndpoint:
-		return "1: the endpoint's own network"
-	case RuleRegistryDefault:
-		return "2: the registry's default network"
-	case RuleFromRegistry:
-		return "3: from_registry"
-	case RuleFromCIDR:
-		return "4: from_cidr"
+// ScaleFactor is the least common multiple of the sizes of every gateway
+// group (see Manager.ScaleFactor); 1 for nil.
+func (s *Snapshot) ScaleFactor() uint32 {
+	if s == nil {
+		return 1
 	}
-	return "none: no rule matched, the network is unknown"
+	return s.scale
 }
 
-// MarshalText makes rules readable in JSON.
-func (r Rule) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
-
-// UnmarshalText reads what MarshalText wrote.
-func (r *Rule) UnmarshalText(b []byte) error {
-	for x := RuleNone; x <= RuleFromCIDR; x++ {
-		if x.String() == string(b) {
-			*r = x
-			return nil
-		}
+// RegistryNetwork returns the network whose from_registry names the
+// registry cluster. Validation refuses a registry in two networks.
+func (s *Snapshot) RegistryNetwork(cluster string) (string, bool) {
+	if s == nil {
+		return "", false
 	}
-	return fmt.Errorf("network: unknown rule %q", b)
+	n, ok := s.byRegistry[cluster]
+	return n, ok
 }
 
-// Resolve returns an endpoint's network and the rule that decided it. The
-// xDS generator applies rules 1 and 2 itself and asks EndpointNetwork for
-// the rest; Resolve is the same order in one place, for debug views.
-func (m *Manager) Resolve(instance replica.InstanceKey, props sdk.InstanceProperties, ownNetwork, address string) (string, Rule) {
-	if ownNetwork != "" {
-		return ownNetwork, RuleEndpoint
-	}
-	if props.DefaultNetwork != "" {
-		return props.DefaultNetwork, RuleRegistryDefault
-	}
-	return m.snap.Load().endpointNetwork(instance.Cluster, address)
-}
-
-// EndpointNetwork applies rules 3 and 4 to an endpoint that carries no
-// network of its own and whose registry has no default.
-func (m *Manager) EndpointNetwork(instance replica.InstanceKey, _ sdk.InstanceProperties, address string) string {
-	n, _ := m.snap.Load().endpointNetwork(instance.Cluster, address)
-	return n
-}
-
-func (s *snapshot) endpointNetwork(cluster, address string) (string, Rule) {
-	if n, ok := s.byRegistry[cluster]; ok {
-		return n, RuleFromRegistry
-	}
-	if len(s.cidrs) == 0 {
-		return "", RuleNone
+// CIDRNetwork returns the network whose from_cidr contains address, which
+// must be an IP; a DNS name is in no range. Validation refuses ranges of
+// two networks that overlap.
+func (s *Snapshot) CIDRNetwork(address string) (string, bool) {
+	if s == nil || len(s.cidrs) == 0 {
+		return "", false
 	}
 	ip, err := netip.ParseAddr(address)
 	if err != nil {
-		return "", RuleNone
+		return "", false
 	}
 	ip = ip.Unmap()
 	for _, c := range s.cidrs {
 		if c.prefix.Contains(ip) {
-			return c.network, RuleFromCIDR
+			return c.network, true
 		}
 	}
-	return "", RuleNone
+	return "", false
+}
+
+// SelectGateways returns, as indexes for Gateway, the gateways for an
+// endpoint of network in cluster: those of the network and cluster
+// (byCluster), or, when none match both, those of the network. They are
+// sorted by address, then port. The slice is shared: do not modify it.
+func (s *Snapshot) SelectGateways(network, cluster string) (idx []int32, byCluster bool) {
+	if s == nil {
+		return nil, false
+	}
+	if g := s.byNetCluster[netCluster{network, cluster}]; len(g) > 0 {
+		return g, true
+	}
+	return s.byNetwork[network], false
+}
+
+// NumGateways is the number of gateways; indexes run from 0 to it.
+func (s *Snapshot) NumGateways() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.gateways)
+}
+
+// Gateway returns gateway i. It is shared: do not modify it.
+func (s *Snapshot) Gateway(i int32) *Gateway { return &s.gateways[i] }
+
+// Pending reports why network's configured gateways have no address yet
+// (a DNS name not resolved, a LoadBalancer not provisioned), if they have
+// none.
+func (s *Snapshot) Pending(network string) (string, bool) {
+	if s == nil {
+		return "", false
+	}
+	why, ok := s.pending[network]
+	return why, ok
 }

@@ -9,42 +9,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
-
-// Change tells readers what a batch of events changed.
-type Change struct {
-	// Full is set when instances or gateways changed: everything may differ.
-	Full bool
-	// Services maps each changed hostname to true when the service itself
-	// (ports, addresses, attributes) changed, false when only its endpoints
-	// did.
-	Services map[string]bool
-}
-
-// Empty reports whether the change changes nothing.
-func (c *Change) Empty() bool { return !c.Full && len(c.Services) == 0 }
-
-// Merge folds o into c.
-func (c *Change) Merge(o Change) {
-	c.Full = c.Full || o.Full
-	for h, svc := range o.Services {
-		if c.Services == nil {
-			c.Services = map[string]bool{}
-		}
-		c.Services[h] = c.Services[h] || svc
-	}
-}
-
-func (c *Change) service(h string, attrs bool) {
-	if c.Services == nil {
-		c.Services = map[string]bool{}
-	}
-	c.Services[h] = c.Services[h] || attrs
-}
 
 // Store holds every instance of every plugin.
 type Store struct {
@@ -56,7 +26,7 @@ type Store struct {
 	batchGen   uint64 // numbers applied batches; see batchTx
 
 	subsMu sync.Mutex
-	subs   []func(Change)
+	subs   []func(model.Change)
 
 	metrics *metrics
 	applied atomic.Uint64
@@ -93,13 +63,13 @@ func NewStore(reg prometheus.Registerer) *Store {
 
 // Subscribe registers fn to be called after every applied batch that
 // changed something. Calls are serialised per plugin session, not globally.
-func (s *Store) Subscribe(fn func(Change)) {
+func (s *Store) Subscribe(fn func(model.Change)) {
 	s.subsMu.Lock()
 	defer s.subsMu.Unlock()
 	s.subs = append(s.subs, fn)
 }
 
-func (s *Store) publish(c Change) {
+func (s *Store) publish(c model.Change) {
 	if c.Empty() {
 		return
 	}
@@ -121,7 +91,7 @@ func (s *Store) SetPluginOrder(plugins []string) {
 	}
 	s.reorderLocked()
 	s.mu.Unlock()
-	s.publish(Change{Full: true})
+	s.publish(model.Change{Full: true})
 }
 
 func (s *Store) reorderLocked() {
@@ -176,7 +146,7 @@ func (s *Store) RemovePlugin(plugin string) {
 	}
 	s.mu.Unlock()
 	if removed {
-		s.publish(Change{Full: true})
+		s.publish(model.Change{Full: true})
 	}
 }
 
@@ -251,7 +221,7 @@ func (sess *Session) Apply(resp *registryv1.WatchResponse) error {
 // checked against the protocol, so nothing in it can fail.
 func (sess *Session) ApplyBatch(b *pluginclient.Batch) {
 	s := sess.store
-	var change Change
+	var change model.Change
 	var kinds [pluginclient.NumKinds]int
 	s.mu.Lock()
 	tx := s.begin()
@@ -310,7 +280,7 @@ func (tx *batchTx) unlock() {
 
 // finishSnapshot removes instances the snapshot no longer has and clears
 // the stale mark of instances whose new state is live.
-func (sess *Session) finishSnapshot(tx *batchTx, change *Change) {
+func (sess *Session) finishSnapshot(tx *batchTx, change *model.Change) {
 	sess.done = true
 	s := sess.store
 	for k, in := range s.instances {
@@ -333,7 +303,7 @@ func (sess *Session) finishSnapshot(tx *batchTx, change *Change) {
 
 // apply applies one event of a checked batch. Caller holds s.mu for
 // writing.
-func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) {
+func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *model.Change) {
 	key := InstanceKey{Plugin: sess.plugin, Provider: ev.Instance.Provider, Cluster: ev.Instance.Cluster}
 	s := sess.store
 	switch ev.Kind {
@@ -364,7 +334,7 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) 
 	case pluginclient.KindServiceUpserted:
 		target.services[ev.Service.Hostname] = ev.Service
 		if visible {
-			change.service(ev.Service.Hostname, true)
+			change.Touch(ev.Service.Hostname, true)
 		}
 	case pluginclient.KindServiceDeleted:
 		h := ev.Hostname
@@ -372,7 +342,7 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) 
 			delete(target.services, h)
 			delete(target.endpoints, h)
 			if visible {
-				change.service(h, true)
+				change.Touch(h, true)
 			}
 		}
 	case pluginclient.KindEndpointsReplaced:
@@ -381,7 +351,7 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) 
 		s.metrics.endpoints.Add(float64(n))
 		s.applied.Add(uint64(n))
 		if visible {
-			change.service(ev.Hostname, false)
+			change.Touch(ev.Hostname, false)
 		}
 	case pluginclient.KindGatewaysReplaced:
 		target.gateways = ev.Gateways
@@ -405,7 +375,7 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *Change) 
 	}
 }
 
-func (sess *Session) addInstance(tx *batchTx, key InstanceKey, props sdk.InstanceProperties, change *Change) {
+func (sess *Session) addInstance(tx *batchTx, key InstanceKey, props sdk.InstanceProperties, change *model.Change) {
 	s := sess.store
 	// Only the first mention in a snapshot starts building the instance
 	// aside: a second one (new properties) must not throw away what the

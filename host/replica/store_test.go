@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
@@ -212,8 +213,8 @@ func TestBadBatchAppliesNothing(t *testing.T) {
 				gateways("c1", "1.1.1.1"), synced("c1"))
 			in := s.Instance(key("static", "c1"))
 			before := in.Status()
-			var published []replica.Change
-			s.Subscribe(func(c replica.Change) { published = append(published, c) })
+			var published []model.Change
+			s.Subscribe(func(c model.Change) { published = append(published, c) })
 
 			err := st.send(false, false,
 				upsert("c1", "b.example.com", 80), endpoints("c1", "a.example.com", "10.0.0.2"), gateways("c1", "2.2.2.2"),
@@ -291,10 +292,10 @@ func TestBatchIsAtomicForReaders(t *testing.T) {
 // then the new snapshot replaces it wholesale.
 func TestReconnectKeepsServing(t *testing.T) {
 	s := replica.NewStore(nil)
-	var changes []replica.Change
+	var changes []model.Change
 	var mu sync.Mutex
-	s.Subscribe(func(c replica.Change) { mu.Lock(); changes = append(changes, c); mu.Unlock() })
-	takeChanges := func() []replica.Change {
+	s.Subscribe(func(c model.Change) { mu.Lock(); changes = append(changes, c); mu.Unlock() })
+	takeChanges := func() []model.Change {
 		mu.Lock()
 		defer mu.Unlock()
 		out := changes
@@ -550,13 +551,13 @@ func TestStringsInterned(t *testing.T) {
 
 // TestChanges checks what each event tells the store's subscribers.
 func TestChanges(t *testing.T) {
-	svcOnly := func(h string, attrs bool) replica.Change {
-		return replica.Change{Services: map[string]bool{h: attrs}}
+	svcOnly := func(h string, attrs bool) model.Change {
+		return model.Change{Services: map[string]bool{h: attrs}}
 	}
 	tests := []struct {
 		name string
 		evs  []*registryv1.Event
-		want *replica.Change // nil: nothing published
+		want *model.Change // nil: nothing published
 	}{
 		{"endpoints only", []*registryv1.Event{endpoints("c1", "a.example.com", "10.0.0.2")}, new(svcOnly("a.example.com", false))},
 		{"service upserted", []*registryv1.Event{upsert("c1", "a.example.com", 81)}, new(svcOnly("a.example.com", true))},
@@ -565,11 +566,11 @@ func TestChanges(t *testing.T) {
 		{"new service", []*registryv1.Event{upsert("c1", "n.example.com", 80)}, new(svcOnly("n.example.com", true))},
 		{"service deleted", []*registryv1.Event{deleted("c1", "a.example.com")}, new(svcOnly("a.example.com", true))},
 		{"unknown service deleted", []*registryv1.Event{deleted("c1", "nope.example.com")}, nil},
-		{"gateways", []*registryv1.Event{gateways("c1", "2.2.2.2")}, &replica.Change{Full: true}},
-		{"new instance", []*registryv1.Event{added("c2", nil)}, &replica.Change{Full: true}},
-		{"properties changed", []*registryv1.Event{added("c1", &registryv1.InstanceProperties{ClusterScoped: true})}, &replica.Change{Full: true}},
+		{"gateways", []*registryv1.Event{gateways("c1", "2.2.2.2")}, &model.Change{Full: true}},
+		{"new instance", []*registryv1.Event{added("c2", nil)}, &model.Change{Full: true}},
+		{"properties changed", []*registryv1.Event{added("c1", &registryv1.InstanceProperties{ClusterScoped: true})}, &model.Change{Full: true}},
 		{"same properties", []*registryv1.Event{added("c1", nil)}, nil},
-		{"instance removed", []*registryv1.Event{removed("c1")}, &replica.Change{Full: true}},
+		{"instance removed", []*registryv1.Event{removed("c1")}, &model.Change{Full: true}},
 		{"health", []*registryv1.Event{health("c1", false, "down")}, nil},
 		{"synced again", []*registryv1.Event{synced("c1")}, nil},
 	}
@@ -578,8 +579,8 @@ func TestChanges(t *testing.T) {
 			s := replica.NewStore(nil)
 			st := connect(s, "static")
 			st.snapshot(t, true, added("c1", nil), upsert("c1", "a.example.com", 80), endpoints("c1", "a.example.com", "10.0.0.1"), synced("c1"))
-			var got []replica.Change
-			s.Subscribe(func(c replica.Change) { got = append(got, c) })
+			var got []model.Change
+			s.Subscribe(func(c model.Change) { got = append(got, c) })
 			st.delta(t, tt.evs...)
 			switch {
 			case tt.want == nil && len(got) != 0:
@@ -592,16 +593,16 @@ func TestChanges(t *testing.T) {
 }
 
 func TestChangeMerge(t *testing.T) {
-	var c replica.Change
+	var c model.Change
 	if !c.Empty() {
 		t.Errorf("zero Change not empty")
 	}
-	c.Merge(replica.Change{Services: map[string]bool{"a": false, "b": true}})
-	c.Merge(replica.Change{Services: map[string]bool{"a": true, "b": false, "c": false}})
+	c.Merge(model.Change{Services: map[string]bool{"a": false, "b": true}})
+	c.Merge(model.Change{Services: map[string]bool{"a": true, "b": false, "c": false}})
 	if want := map[string]bool{"a": true, "b": true, "c": false}; !maps.Equal(c.Services, want) || c.Full {
 		t.Errorf("merged = %+v, want %v", c, want)
 	}
-	c.Merge(replica.Change{Full: true})
+	c.Merge(model.Change{Full: true})
 	if !c.Full || c.Empty() {
 		t.Errorf("Full lost in merge: %+v", c)
 	}

@@ -12,6 +12,7 @@ import (
 	goplugin "github.com/hashicorp/go-plugin"
 
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
@@ -113,7 +114,7 @@ type applyClock struct {
 
 func newApplyClock(store *replica.Store, want uint64) *applyClock {
 	c := &applyClock{done: make(chan struct{})}
-	store.Subscribe(func(replica.Change) {
+	store.Subscribe(func(model.Change) {
 		n := store.EndpointUpdates()
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -11,16 +11,19 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 )
 
 // explain prints, for each endpoint of a cluster, why a connected node
 // gets what it gets: where the endpoint came from, which rule put it on
-// its network, whether it was kept or replaced by gateways, and the
-// weights. It reads /debug/networkz?explain= of the running host.
+// its network, whether it was kept, replaced by gateways or dropped, and
+// the weights. It reads /debug/networkz?explain= of the running host,
+// which is the trace the endpoint pipeline records while it computes what
+// the xDS server sends.
 func explain(args []string) int {
 	if len(args) == 0 || args[0] != "endpoint" {
 		fmt.Fprintln(os.Stderr, "usage: estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR] [--json]")
+		fmt.Fprintln(os.Stderr, "       (an east-west gateway's clusters are named outbound_.PORT_._.HOST)")
 		return 2
 	}
 	fs := flag.NewFlagSet("explain endpoint", flag.ContinueOnError)
@@ -45,7 +48,7 @@ func explain(args []string) int {
 		os.Stdout.Write(body)
 		return 0
 	}
-	var ex network.Explanation
+	var ex pipeline.Explanation
 	if err := json.Unmarshal(body, &ex); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -54,7 +57,7 @@ func explain(args []string) int {
 	return 0
 }
 
-func printExplanation(w io.Writer, ex *network.Explanation) {
+func printExplanation(w io.Writer, ex *pipeline.Explanation) {
 	mode := "multi-network off"
 	if ex.MultiNetwork {
 		mode = fmt.Sprintf("multi-network on, weight scale factor %d", ex.ScaleFactor)
@@ -103,7 +106,7 @@ func printExplanation(w io.Writer, ex *network.Explanation) {
 
 // compareReceived diffs the explanation's result with what the server
 // holds for the node, endpoint and weight.
-func compareReceived(ex *network.Explanation) string {
+func compareReceived(ex *pipeline.Explanation) string {
 	var want, got []string
 	for _, r := range ex.Result {
 		want = append(want, fmt.Sprintf("%s weight %d", r.Endpoint, r.Weight))

@@ -91,11 +91,18 @@ func hostConfig(xds, admin, plugins string) string {
 // estuary on it until it is ready.
 func startHost(t testing.TB, plugins string) *host {
 	t.Helper()
+	return startHostFile(t, func(xds, admin string) string { return hostConfig(xds, admin, plugins) })
+}
+
+// startHostFile runs estuary, until it is ready, on the whole config file
+// that content writes for the xDS and admin addresses it is given.
+func startHostFile(t testing.TB, content func(xds, admin string) string) *host {
+	t.Helper()
 	dir := t.TempDir()
 	h := &host{t: t, config: filepath.Join(dir, "plugins.hcl"), xds: freeAddr(t), log: &syncBuffer{}, exited: make(chan struct{})}
 	adminAddr := freeAddr(t)
 	h.admin = "http://" + adminAddr
-	h.write(hostConfig(h.xds, adminAddr, plugins))
+	h.write(content(h.xds, adminAddr))
 	h.cmd = exec.Command(estuaryBin, "run", "-config", h.config, "-log-level", "debug")
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {

@@ -8,7 +8,7 @@ import (
 	"os"
 	"text/tabwriter"
 
-	"github.com/estuary-mesh/estuary/xds"
+	"github.com/estuary-mesh/estuary/host/model"
 )
 
 // proxyConfig prints what a connected node receives, read from the running
@@ -43,7 +43,7 @@ func proxyConfig(args []string) int {
 		os.Stdout.Write(body)
 		return 0
 	}
-	var rows []xds.EndpointRow
+	var rows []model.EndpointRow
 	if err := json.Unmarshal(body, &rows); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -21,6 +21,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
 	"github.com/estuary-mesh/estuary/xds"
@@ -118,15 +119,16 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	h.nets = network.New(agg, logger, network.Options{}) // follows the aggregate
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
+	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
 	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax},
-		agg, h.nets, // what it reads: the merged services, the network filter
+		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
 		logger, reg)
 	h.admin = admin.New(logger, admin.Options{
 		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
 		Config: h.effectiveConfig, Failed: h.failures.list,
 	})
-	h.admin.Handle("/debug/networkz", h.nets.Handler(h.xds))
+	h.admin.Handle("/debug/networkz", eds.Handler(h.xds))
 	for path, handler := range h.xds.DebugHandlers() {
 		h.admin.Handle(path, handler)
 	}

@@ -63,13 +63,21 @@ func echoBlock(backends ...*backend) string {
 	return b.String()
 }
 
-// xdsClient dials target through estuary with grpc-go's own xDS client.
+// xdsClient dials target through estuary with grpc-go's own xDS client,
+// as a node on network1 in cluster1.
 func xdsClient(t *testing.T, xdsAddr, nodeID, target string) testgrpc.TestServiceClient {
+	t.Helper()
+	return testgrpc.NewTestServiceClient(xdsConn(t, xdsAddr, nodeID, target, "network1", "cluster1"))
+}
+
+// xdsConn is a channel to xds:///target through estuary, with grpc-go's
+// own xDS client, as a proxyless node on network in cluster.
+func xdsConn(t *testing.T, xdsAddr, nodeID, target, network, cluster string) *grpc.ClientConn {
 	t.Helper()
 	bootstrap := fmt.Sprintf(`{
   "xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-  "node": {"id": %q, "metadata": {"GENERATOR": "grpc", "NETWORK": "network1", "CLUSTER_ID": "cluster1"}}
-}`, xdsAddr, nodeID)
+  "node": {"id": %q, "metadata": {"GENERATOR": "grpc", "NETWORK": %q, "CLUSTER_ID": %q}}
+}`, xdsAddr, nodeID, network, cluster)
 	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +87,7 @@ func xdsClient(t *testing.T, xdsAddr, nodeID, target string) testgrpc.TestServic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return testgrpc.NewTestServiceClient(conn)
+	return conn
 }
 
 // callers counts which backends answered recent calls.

@@ -1,14 +1,12 @@
-package network_test
+package pipeline
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 
-	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/meshtest"
+	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
-	"github.com/estuary-mesh/estuary/xds"
 )
 
 // filterWorld has, by hand:
@@ -25,24 +23,24 @@ import (
 // (network1,cluster1) 1, (network2,cluster2a) 2, (network2,cluster2b) 1,
 // (network3,"") 1. Scale factor = lcm(1,3,1,1,2,1,1) = 6, which is neither
 // 1 nor 3.
-func filterWorld(t *testing.T) *network.Manager {
-	w := newWorld(t)
-	w.add(instance{plugin: "east", cluster: "cluster1", gateways: []*registryv1.NetworkGateway{gw("network1", "cluster1", "1.1.1.1", 15443)}})
-	w.add(instance{plugin: "west-a", cluster: "cluster2a", gateways: []*registryv1.NetworkGateway{
-		gw("network2", "cluster2a", "2.2.2.2", 15443), gw("network2", "cluster2a", "2.2.2.1", 15443)}})
-	w.add(instance{plugin: "west-b", cluster: "cluster2b", gateways: []*registryv1.NetworkGateway{gw("network2", "cluster2b", "2.2.2.3", 15443)}})
-	return w.manager(`
+func filterWorld(t *testing.T) *Pipeline {
+	w := meshtest.New(t)
+	w.Add(meshtest.Instance{Plugin: "east", Cluster: "cluster1", Gateways: []*registryv1.NetworkGateway{meshtest.Gateway("network1", "cluster1", "1.1.1.1", 15443)}})
+	w.Add(meshtest.Instance{Plugin: "west-a", Cluster: "cluster2a", Gateways: []*registryv1.NetworkGateway{
+		meshtest.Gateway("network2", "cluster2a", "2.2.2.2", 15443), meshtest.Gateway("network2", "cluster2a", "2.2.2.1", 15443)}})
+	w.Add(meshtest.Instance{Plugin: "west-b", Cluster: "cluster2b", Gateways: []*registryv1.NetworkGateway{meshtest.Gateway("network2", "cluster2b", "2.2.2.3", 15443)}})
+	return New(w.Agg, w.Manager(`
   network "network3" {
     gateway {
       address = "3.3.3.1"
       port    = 15443
     }
   }
-`)
+`), nil)
 }
 
-func lb(addr, network, cluster string, weight uint32, tls sdk.TLSMode) xds.LbEndpoint {
-	return xds.LbEndpoint{Address: addr, Port: 80, Weight: weight, Network: network, Cluster: cluster, TLSMode: tls}
+func lb(addr, network, cluster string, weight uint32, tls sdk.TLSMode) model.LbEndpoint {
+	return model.LbEndpoint{Address: addr, Port: 80, Weight: weight, Network: network, Cluster: cluster, TLSMode: tls}
 }
 
 const (
@@ -50,31 +48,27 @@ const (
 	disabled = sdk.TLSModeDisabled
 )
 
-func render(groups []xds.LocalityGroup) string {
-	var b strings.Builder
-	for _, g := range groups {
-		fmt.Fprintf(&b, "locality=%s priority=%d weight=%d\n", g.Locality, g.Priority, g.Weight)
-		for _, e := range g.Endpoints {
-			fmt.Fprintf(&b, "  %s:%d w=%d net=%s cluster=%s tls=%s\n", e.Address, e.Port, e.Weight, e.Network, e.Cluster, e.TLSMode)
-		}
-	}
-	return b.String()
+// filterGroups runs the multi-network decisions of Build on groups made
+// by hand, as Build runs them on the groups it collects.
+func filterGroups(p *Pipeline, v model.View, groups []model.LocalityGroup) []model.LocalityGroup {
+	return p.filter(&Scratch{}, p.snapshot(), v, groups, nil)
 }
 
-// TestFilter checks the EDS network filter against results worked out by
+// TestFilter checks the multi-network decisions against results worked out by
 // hand (the arithmetic is in each case's comments).
 func TestFilter(t *testing.T) {
-	m := filterWorld(t)
+	p := filterWorld(t)
+	m := p.nets
 	if got := m.ScaleFactor(); got != 6 {
 		t.Fatalf("scale factor = %d, want lcm(1,3,1,1,2,1,1) = 6", got)
 	}
 	if !m.MultiNetwork() {
 		t.Fatal("multi-network is off with 5 gateways")
 	}
-	mixed := func() []xds.LocalityGroup {
-		return []xds.LocalityGroup{{
+	mixed := func() []model.LocalityGroup {
+		return []model.LocalityGroup{{
 			Locality: "us-east1/us-east1-b",
-			Endpoints: []xds.LbEndpoint{
+			Endpoints: []model.LbEndpoint{
 				lb("10.1.0.1", "network1", "cluster1", 0, istio),     // local: unset -> 6
 				lb("10.2.0.1", "network2", "cluster2a", 0, istio),    // 6 / 2 gateways of (network2,cluster2a) = 3 each
 				lb("10.2.0.2", "network2", "cluster2a", 2, istio),    // 2*6 = 12 / 2 = 6 each
@@ -86,19 +80,19 @@ func TestFilter(t *testing.T) {
 			},
 		}, {
 			Locality: "us-west1/us-west1-a", Priority: 1,
-			Endpoints: []xds.LbEndpoint{
+			Endpoints: []model.LbEndpoint{
 				lb("10.2.0.9", "network2", "cluster2a", 0, disabled), // dropped: the group ends up empty and goes
 			},
 		}}
 	}
 	tests := []struct {
 		name string
-		view xds.View
-		in   []xds.LocalityGroup
+		view model.View
+		in   []model.LocalityGroup
 		want string
 	}{{
 		name: "node on network1: network2 replaced by its gateways, per cluster or per network",
-		view: xds.View{Network: "network1", Cluster: "cluster1"},
+		view: model.View{Network: "network1", Cluster: "cluster1"},
 		in:   mixed(),
 		// 2.2.2.1: 3 + 6 + 2 = 11; 2.2.2.2: 3 + 6 + 2 = 11; 2.2.2.3: 6 + 2 = 8.
 		// Group: 6 + 18 + 6 + 11 + 11 + 8 = 60.
@@ -112,7 +106,7 @@ func TestFilter(t *testing.T) {
 `,
 	}, {
 		name: "node on network2: network1 replaced by its one gateway, network2 kept",
-		view: xds.View{Network: "network2", Cluster: "cluster2a"},
+		view: model.View{Network: "network2", Cluster: "cluster2a"},
 		in:   mixed(),
 		// 1.1.1.1: 6. Kept: 6, 12, 6, 6, 5*6 = 30 (plain text is fine
 		// locally), 18, 6. Group: 6+12+6+6+30+18+6+6 = 90. The second
@@ -131,7 +125,7 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "node with no network: every endpoint is reachable, weights scaled",
-		view: xds.View{},
+		view: model.View{},
 		in:   mixed(),
 		// 6 + 6 + 12 + 6 + 6 + 30 + 18 + 6 = 90.
 		want: `locality=us-east1/us-east1-b priority=0 weight=90
@@ -147,8 +141,8 @@ locality=us-west1/us-west1-a priority=1 weight=6
   10.2.0.9:80 w=6 net=network2 cluster=cluster2a tls=disabled
 `,
 	}, {
-		name: "REQUESTED_NETWORK_VIEW network2 (an east-west gateway): only network2 and unknown-network endpoints",
-		view: xds.View{Kind: xds.KindRouter, Network: "network2", Networks: "network2", Cluster: "cluster2a"},
+		name: "REQUESTED_NETWORK_VIEW network2 on network2: only network2 and unknown-network endpoints",
+		view: model.View{Kind: model.KindEnvoy, Network: "network2", Networks: "network2", Cluster: "cluster2a"},
 		in:   mixed(),
 		// 6 + 12 + 6 + 6 + 30 + 6 = 66.
 		want: `locality=us-east1/us-east1-b priority=0 weight=66
@@ -163,7 +157,7 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "REQUESTED_NETWORK_VIEW of two networks on network1: network4 is dropped, network2 replaced",
-		view: xds.View{Network: "network1", Networks: "network1,network2"},
+		view: model.View{Network: "network1", Networks: "network1,network2"},
 		in:   mixed(),
 		// As on network1 without 10.4.0.1: 60 - 18 = 42.
 		want: `locality=us-east1/us-east1-b priority=0 weight=42
@@ -175,8 +169,8 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "TLS disabled: remote plain-text endpoints are dropped, the gateway gets only the mTLS ones",
-		view: xds.View{Network: "network1"},
-		in: []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{
+		view: model.View{Network: "network1"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
 			lb("10.2.1.1", "network2", "cluster2b", 0, disabled),
 			lb("10.2.1.2", "network2", "cluster2b", 0, istio), // 6 -> 2.2.2.3
 			lb("10.2.1.3", "network2", "cluster2b", 0, disabled),
@@ -186,8 +180,8 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "weights that overflow are clipped at 4294967295, sums too",
-		view: xds.View{Network: "network1"},
-		in: []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{
+		view: model.View{Network: "network1"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
 			lb("10.1.0.1", "network1", "cluster1", 1000000000, istio),  // 6e9 > max: 4294967295
 			lb("10.1.0.2", "network1", "cluster1", 715827882, istio),   // 715827882*6 = 4294967292 fits
 			lb("10.2.1.1", "network2", "cluster2b", 4000000000, istio), // clipped: 4294967295 to 2.2.2.3
@@ -204,8 +198,8 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "per-cluster versus per-network gateway selection",
-		view: xds.View{Network: "network1"},
-		in: []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{
+		view: model.View{Network: "network1"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
 			lb("10.2.0.1", "network2", "cluster2a", 1, istio), // cluster2a has 2 gateways: 6/2 = 3 to 2.2.2.1, 2.2.2.2
 			lb("10.2.1.1", "network2", "cluster2b", 1, istio), // cluster2b has 1: 6 to 2.2.2.3
 			lb("10.2.2.1", "network2", "", 1, istio),          // no cluster: the network's 3, 2 each
@@ -218,8 +212,8 @@ locality=us-west1/us-west1-a priority=1 weight=6
 `,
 	}, {
 		name: "a network with a gateway and no endpoints adds nothing; a network with endpoints and no gateway is kept",
-		view: xds.View{Network: "network3"},
-		in: []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{
+		view: model.View{Network: "network3"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
 			lb("10.4.0.1", "network4", "cluster4", 0, istio), // no gateway into network4: kept
 			lb("10.4.0.2", "network4", "cluster4", 2, istio),
 		}}},
@@ -230,7 +224,7 @@ locality=us-west1/us-west1-a priority=1 weight=6
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := render(m.Filter(tt.view, tt.in))
+			got := meshtest.Render(filterGroups(p, tt.view, tt.in))
 			if got != tt.want {
 				t.Errorf("got:\n%s\nwant:\n%s", got, tt.want)
 			}
@@ -238,11 +232,17 @@ locality=us-west1/us-west1-a priority=1 weight=6
 	}
 }
 
-// TestFilterSingleNetwork: without any gateway the filter changes nothing,
-// not even weights.
-func TestFilterSingleNetwork(t *testing.T) {
-	w := newWorld(t)
-	m := w.manager(`
+// TestOneNetwork: without any gateway the pipeline changes nothing, not
+// even weights (an unset one leaves as 1, which is what Envoy takes it
+// for), and places endpoints all the same.
+func TestOneNetwork(t *testing.T) {
+	w := meshtest.New(t)
+	w.Add(meshtest.Instance{Plugin: "east", Cluster: "cluster1", Services: []*registryv1.Service{meshtest.EchoService("cluster1")},
+		Endpoints: map[string][]*registryv1.Endpoint{meshtest.Echo: {
+			meshtest.Endpoint("10.1.0.1", "", true),
+			{Address: "10.2.0.1", Network: "network2", Weight: 3, Locality: "us-east1/us-east1-b"},
+		}}})
+	m := w.Manager(`
   network "network1" {
     endpoints {
       from_registry = "cluster1"
@@ -252,40 +252,15 @@ func TestFilterSingleNetwork(t *testing.T) {
 	if m.MultiNetwork() || m.ScaleFactor() != 1 {
 		t.Fatalf("multi-network %v, scale %d with no gateway", m.MultiNetwork(), m.ScaleFactor())
 	}
-	in := []xds.LocalityGroup{{Locality: "r/z", Endpoints: []xds.LbEndpoint{
-		lb("10.1.0.1", "network1", "cluster1", 0, istio),
-		lb("10.2.0.1", "network2", "cluster2", 3, disabled),
-	}}}
-	want := render(in)
-	if got := render(m.Filter(xds.View{Network: "network1"}, in)); got != want {
+	groups, err := New(w.Agg, m, nil).Endpoints(model.View{Network: "network1"}, model.ClusterName(8080, "", meshtest.Echo), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `locality=us-east1/us-east1-b priority=0 weight=0
+  10.1.0.1:8080 w=1 net=network1 cluster=cluster1 tls=istio
+  10.2.0.1:8080 w=3 net=network2 cluster=cluster1 tls=disabled
+`
+	if got := meshtest.Render(groups); got != want {
 		t.Errorf("got:\n%s\nwant unchanged:\n%s", got, want)
-	}
-}
-
-// TestFilterAllocations: the filter runs on the EDS hot path; replacing
-// endpoints by gateways allocates nothing once its scratch is warm, when
-// groups have room for the gateway endpoints.
-func TestFilterAllocations(t *testing.T) {
-	if raceEnabled {
-		t.Skip("sync.Pool drops items under the race detector")
-	}
-	m := filterWorld(t)
-	base := []xds.LbEndpoint{
-		lb("10.1.0.1", "network1", "cluster1", 0, istio),
-		lb("10.2.0.1", "network2", "cluster2a", 0, istio),
-		lb("10.2.1.1", "network2", "cluster2b", 0, istio),
-		lb("10.2.2.1", "network2", "cluster2c", 0, istio),
-	}
-	groups := []xds.LocalityGroup{{Locality: "r/z", Endpoints: make([]xds.LbEndpoint, 0, 8)}}
-	v := xds.View{Network: "network1"}
-	allocs := testing.AllocsPerRun(100, func() {
-		groups[0].Endpoints = append(groups[0].Endpoints[:0], base...)
-		groups = m.Filter(v, groups[:1])
-		if len(groups) != 1 || len(groups[0].Endpoints) != 4 {
-			t.Fatalf("filter gave %s", render(groups))
-		}
-	})
-	if allocs != 0 {
-		t.Errorf("Filter allocates %.1f times per call", allocs)
 	}
 }

@@ -1,22 +1,15 @@
-package network_test
+package xds
 
 import (
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
-	"github.com/estuary-mesh/estuary/host/network"
+	"github.com/estuary-mesh/estuary/host/meshtest"
+	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/host/pipeline"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
-	"github.com/estuary-mesh/estuary/xds"
 )
-
-// benchShapes are the endpoints-per-service / services shapes of the xDS
-// EDS benchmark (Istio's BenchmarkEndpointGeneration).
-var benchShapes = []struct{ endpoints, services int }{
-	{1, 100}, {10, 10}, {100, 10}, {1000, 1}, {10000, 1}, {100, 100},
-}
 
 // benchWorld spreads each shape over four registry clusters on four
 // networks: every other endpoint (counted over the whole mesh) is on
@@ -24,8 +17,8 @@ var benchShapes = []struct{ endpoints, services int }{
 // a different rule (registry default, from_registry, from_cidr) so the
 // generator and the manager do the work real meshes cause. Every endpoint
 // has a locality (of three), a weight and TLS mode istio.
-func benchWorld(b *testing.B, endpoints, services int) *world {
-	w := newWorld(b)
+func benchWorld(b *testing.B, endpoints, services int) *meshtest.World {
+	w := meshtest.New(b)
 	defaults := []string{"", "network2", "", ""}
 	per := make([]map[string][]*registryv1.Endpoint, 4)
 	svcs := make([]*registryv1.Service, services)
@@ -52,8 +45,8 @@ func benchWorld(b *testing.B, endpoints, services int) *world {
 		}
 	}
 	for i := range 4 {
-		w.add(instance{plugin: fmt.Sprintf("p%d", i+1), cluster: fmt.Sprintf("c%d", i+1), defaultNetwork: defaults[i],
-			services: svcs, endpoints: per[i]})
+		w.Add(meshtest.Instance{Plugin: fmt.Sprintf("p%d", i+1), Cluster: fmt.Sprintf("c%d", i+1), DefaultNetwork: defaults[i],
+			Services: svcs, Endpoints: per[i]})
 	}
 	return w
 }
@@ -86,40 +79,41 @@ const benchMultiNetwork = `
   }
 `
 
-var benchView = xds.View{Kind: xds.KindProxyless, Network: "network1", Cluster: "c1"}
+var benchView = model.View{Kind: model.KindProxyless, Network: "network1", Cluster: "c1"}
 
-// BenchmarkEDSNetworks builds every CLA of a shape from scratch through
-// Generator.LocalityGroups and EncodeCLA, as the xDS server does:
+// BenchmarkEDSNetworks builds every CLA of a shape from scratch, in fresh
+// memory, through the endpoint pipeline and the CLA encoder:
 //
-//   - mode=single: no network filter (the single-network baseline);
-//   - mode=multi: the network manager as the filter, 4 networks, 3
+//   - mode=single: no networks config (the single-network baseline);
+//   - mode=multi: the network manager's networks, 4 networks, 3
 //     gateways, half the endpoints remote and replaced by gateways. It
 //     also reports single-ns/endpoint, the baseline measured in the same
 //     iterations, and x-single, the ratio of the two (target: at most 2).
 func BenchmarkEDSNetworks(b *testing.B) {
-	for _, sh := range benchShapes {
+	for _, sh := range edsShapes {
 		shape := fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services)
 		for _, mode := range []string{"single", "multi"} {
 			b.Run("mode="+mode+"/"+shape, func(b *testing.B) {
 				w := benchWorld(b, sh.endpoints, sh.services)
-				gen := &xds.Generator{Agg: w.agg}
+				eds := pipeline.New(w.Agg, nil, nil)
 				if mode == "multi" {
-					m := network.New(w.agg, hclog.NewNullLogger(), network.Options{ResolvConf: "/nonexistent"})
-					m.Apply(decodeHCL(b, benchMultiNetwork))
-					gen.Networks = m
+					eds = pipeline.New(w.Agg, w.Manager(benchMultiNetwork), nil)
 				}
 				hosts := make([]string, sh.services)
 				names := make([]string, sh.services)
 				for i := range hosts {
 					hosts[i] = fmt.Sprintf("svc%d.default.svc.cluster.local", i)
-					names[i] = xds.ClusterName(8080, "", hosts[i])
+					names[i] = model.ClusterName(8080, "", hosts[i])
 				}
 				// Check the shape once: in multi mode the remote half arrives
 				// as gateway endpoints.
 				total, viaGateway := 0, 0
-				for _, h := range hosts {
-					svc := w.agg.GetService(h)
-					for _, g := range gen.LocalityGroups(benchView, svc, svc.Ports[0], "", w.agg.EndpointSources(h)) {
+				for _, name := range names {
+					groups, err := eds.Endpoints(benchView, name, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, g := range groups {
 						for _, e := range g.Endpoints {
 							total++
 							if e.Port == 15443 {
@@ -134,11 +128,11 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				if mode == "multi" && (viaGateway == 0 || total-viaGateway != sh.endpoints*sh.services/2) {
 					b.Fatalf("%d endpoints, %d of them gateways; want %d local ones", total, viaGateway, sh.endpoints*sh.services/2)
 				}
-				build := func(gen *xds.Generator) {
-					for i, h := range hosts {
-						svc := w.agg.GetService(h)
-						groups := gen.LocalityGroups(benchView, svc, svc.Ports[0], "", w.agg.EndpointSources(h))
-						if len(xds.EncodeCLA(names[i], groups)) == 0 {
+				var enc claEncoder
+				build := func(eds *pipeline.Pipeline) {
+					for _, name := range names {
+						groups, _ := eds.Endpoints(benchView, name, nil)
+						if len(enc.encode(name, groups)) == 0 {
 							b.Fatal("empty CLA")
 						}
 					}
@@ -147,7 +141,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				// the filter, untimed, and times it aside: x-single compares
 				// the two under the same machine load, which on a shared
 				// machine moves more than the difference measured.
-				single := &xds.Generator{Agg: w.agg}
+				single := pipeline.New(w.Agg, nil, nil)
 				var singleTime time.Duration
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -159,7 +153,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 						singleTime += time.Since(start)
 						b.StartTimer()
 					}
-					build(gen)
+					build(eds)
 				}
 				endpoints := float64(b.N * sh.endpoints * sh.services)
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/endpoints, "ns/endpoint")

@@ -1,0 +1,91 @@
+// Package model holds the types the host core and the xDS server share:
+// who a client is (Node, its View), what a cluster is called, what a
+// registry change touched (Change), and the endpoints a view receives
+// (LocalityGroup, LbEndpoint).
+//
+// It sits below both sides and imports neither: the host core decides what
+// a view receives in these terms, and xds only encodes and serves them.
+package model
+
+import "strings"
+
+// Kind is what kind of client a node is.
+type Kind uint8
+
+const (
+	// KindProxyless is a gRPC client using grpc-go's xDS support.
+	KindProxyless Kind = iota
+	// KindEnvoy is an Envoy sidecar.
+	KindEnvoy
+	// KindRouter is an Envoy east-west gateway (Istio node type "router").
+	KindRouter
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindEnvoy:
+		return "envoy"
+	case KindRouter:
+		return "router"
+	}
+	return "proxyless"
+}
+
+// Node is a connected client as its node id and metadata describe it.
+// Only what decides its view is kept: everything else a node announces is
+// either unused or untrusted.
+type Node struct {
+	ID        string
+	Kind      Kind
+	Network   string
+	ClusterID string
+	// RequestedNetworks is REQUESTED_NETWORK_VIEW: when set, the node sees
+	// only endpoints on these networks (and those whose network is unknown).
+	RequestedNetworks []string
+}
+
+// View returns the node's view.
+func (n *Node) View() View {
+	return View{Kind: n.Kind, Network: n.Network, Networks: strings.Join(n.RequestedNetworks, ","), Cluster: n.ClusterID}
+}
+
+// View is what a node's configuration depends on. Nodes with equal views
+// receive identical resources, so everything is built once per view.
+type View struct {
+	Kind    Kind
+	Network string
+	// Networks is the sorted, comma-joined REQUESTED_NETWORK_VIEW; empty
+	// means every network.
+	Networks string
+	Cluster  string
+}
+
+func (v View) String() string {
+	var b strings.Builder
+	b.WriteString(v.Kind.String())
+	b.WriteString("/network=")
+	b.WriteString(v.Network)
+	if v.Networks != "" {
+		b.WriteString("/sees=")
+		b.WriteString(v.Networks)
+	}
+	if v.Cluster != "" {
+		b.WriteString("/cluster=")
+		b.WriteString(v.Cluster)
+	}
+	return b.String()
+}
+
+// Sees reports whether the view includes endpoints on network. Endpoints
+// whose network is unknown are always seen.
+func (v View) Sees(network string) bool {
+	if v.Networks == "" || network == "" {
+		return true
+	}
+	for n := range strings.SplitSeq(v.Networks, ",") {
+		if n == network {
+			return true
+		}
+	}
+	return false
+}

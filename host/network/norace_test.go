@@ -1,5 +1,0 @@
-//go:build !race
-
-package network_test
-
-const raceEnabled = false
