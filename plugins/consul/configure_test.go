@@ -1,0 +1,64 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// TestConfigureHonoursContext: Configure never waits beyond its context,
+// neither for its turn nor for the previous config's watches to stop, so
+// the host's call timeout always bounds it; a later Configure picks up
+// once the old watches are gone.
+func TestConfigureHonoursContext(t *testing.T) {
+	rtCtx, rtCancel := context.WithCancel(context.Background())
+	p := Factory(sdk.Runtime{Context: rtCtx, Logger: hclog.NewNullLogger(), State: sdk.NewState()}).(*plugin)
+	req := &sdk.ConfigureRequest{ConfigJSON: []byte(`{"address": "127.0.0.1:1", "datacenters": ["dc1"]}`)}
+	t.Cleanup(func() {
+		rtCancel()
+		if err := p.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+
+	t.Run("waiting for its turn", func(t *testing.T) {
+		if err := p.turn.Acquire(context.Background(), 1); err != nil {
+			t.Fatal(err)
+		}
+		defer p.turn.Release(1)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Configure while another holds the turn = %v, want context.Canceled", err)
+		}
+	})
+
+	// A previous run that will not stop: cancelling it ends the caller's
+	// context instead, as the host's deadline would.
+	ctx, cancel := context.WithCancel(context.Background())
+	wedged := &run{ctx: rtCtx, cancel: cancel, done: make(chan struct{})}
+	p.cur = wedged
+	t.Run("waiting for the old run to stop", func(t *testing.T) {
+		if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Configure = %v, want context.Canceled", err)
+		}
+		if p.cur != wedged {
+			t.Fatalf("a new run started while the old one still runs")
+		}
+	})
+
+	t.Run("after the old run stopped", func(t *testing.T) {
+		close(wedged.done)
+		resp, err := p.Configure(context.Background(), req)
+		if err != nil || resp.Diagnostics.HasErrors() {
+			t.Fatalf("Configure = %v, %v", resp, err)
+		}
+		if p.cur == wedged {
+			t.Fatalf("no new run started")
+		}
+	})
+}
