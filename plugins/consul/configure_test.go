@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -20,7 +21,11 @@ func TestConfigureHonoursContext(t *testing.T) {
 	req := &sdk.ConfigureRequest{ConfigJSON: []byte(`{"address": "127.0.0.1:1", "datacenters": ["dc1"]}`)}
 	t.Cleanup(func() {
 		rtCancel()
-		if err := p.Stop(context.Background()); err != nil {
+		// Bounded, so a failure above that leaves the wedged run in place
+		// fails here rather than hanging the package.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := p.Stop(ctx); err != nil {
 			t.Errorf("Stop: %v", err)
 		}
 	})
@@ -37,10 +42,13 @@ func TestConfigureHonoursContext(t *testing.T) {
 		}
 	})
 
-	// A previous run that will not stop: cancelling it ends the caller's
-	// context instead, as the host's deadline would.
+	// A previous run that will not stop until released, while the
+	// caller's context ends, as the host's deadline would.
 	ctx, cancel := context.WithCancel(context.Background())
-	wedged := &run{ctx: rtCtx, cancel: cancel, done: make(chan struct{})}
+	release := make(chan struct{})
+	wedged := &run{group: sdk.StartRun(rtCtx)}
+	wedged.ctx = wedged.group.Context()
+	wedged.group.Go(func(context.Context) { cancel(); <-release })
 	p.cur = wedged
 	t.Run("waiting for the old run to stop", func(t *testing.T) {
 		if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
@@ -52,7 +60,7 @@ func TestConfigureHonoursContext(t *testing.T) {
 	})
 
 	t.Run("after the old run stopped", func(t *testing.T) {
-		close(wedged.done)
+		close(release)
 		resp, err := p.Configure(context.Background(), req)
 		if err != nil || resp.Diagnostics.HasErrors() {
 			t.Fatalf("Configure = %v, %v", resp, err)

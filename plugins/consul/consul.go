@@ -115,7 +115,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 		// The old watches stop before the new ones start, as both share
 		// the instances' held hostnames; State keeps serving what they
 		// reported meanwhile.
-		if err := p.cur.stop(ctx); err != nil {
+		if err := p.cur.group.Stop(ctx); err != nil {
 			tr.CloseIdleConnections()
 			return nil, fmt.Errorf("consul: configure: stop the previous config's watches: %w", err)
 		}
@@ -175,34 +175,21 @@ type run struct {
 	token   atomic.Pointer[string]
 	limiter *rate.Limiter // shared by every loop of the run
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	done   chan struct{}
+	group *sdk.Run        // runs main, which waits for the loops it starts
+	ctx   context.Context // the group's
+	wg    sync.WaitGroup  // the datacenters' and services' loops
 }
 
 func (p *plugin) start(s *settings, client *api.Client, tr *http.Transport) *run {
-	ctx, cancel := context.WithCancel(p.rt.Context)
+	group := sdk.StartRun(p.rt.Context)
 	r := &run{
 		p: p, s: s, client: client, tr: tr,
 		limiter: rate.NewLimiter(rate.Limit(s.rateLimit), max(1, int(s.rateLimit))),
-		ctx:     ctx, cancel: cancel, done: make(chan struct{}),
+		group:   group, ctx: group.Context(),
 	}
 	r.token.Store(&s.token)
-	go r.main()
+	group.Go(r.main)
 	return r
-}
-
-// stop cancels the run and waits until all its goroutines are gone, or
-// until ctx ends.
-func (r *run) stop(ctx context.Context) error {
-	r.cancel()
-	select {
-	case <-r.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Stop waits for the running watches to end; the SDK calls it once the
@@ -212,17 +199,13 @@ func (p *plugin) Stop(ctx context.Context) error {
 		return fmt.Errorf("consul: stop: %w", err)
 	}
 	defer p.turn.Release(1)
-	if p.cur == nil {
-		return nil
-	}
-	if err := p.cur.stop(ctx); err != nil {
-		return fmt.Errorf("consul: stop: %w", err)
+	if p.cur != nil {
+		return p.cur.group.Stop(ctx)
 	}
 	return nil
 }
 
-func (r *run) main() {
-	defer close(r.done)
+func (r *run) main(context.Context) {
 	defer r.tr.CloseIdleConnections()
 	defer r.wg.Wait()
 	dcs := r.s.datacenters

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"k8s.io/client-go/tools/clientcmd"
@@ -26,7 +27,9 @@ func TestConfigureHonoursContext(t *testing.T) {
 	req := &sdk.ConfigureRequest{ConfigJSON: js}
 	t.Cleanup(func() {
 		rtCancel()
-		if err := p.Stop(context.Background()); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure above must not hang the package
+		defer cancel()
+		if err := p.Stop(ctx); err != nil {
 			t.Errorf("Stop: %v", err)
 		}
 	})
@@ -41,15 +44,17 @@ func TestConfigureHonoursContext(t *testing.T) {
 	}
 	p.turn.Release(1)
 
-	// Sources that will not stop: cancelling them ends the caller's
-	// context instead, as the host's deadline would.
+	// Sources that will not stop until released, while the caller's
+	// context ends, as the host's deadline would.
 	ctx, cancel = context.WithCancel(context.Background())
-	wedged := &runner{id: sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: "c1"}, cancel: cancel, done: make(chan struct{})}
+	release := make(chan struct{})
+	wedged := &runner{id: sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: "c1"}, group: sdk.StartRun(rtCtx)}
+	wedged.group.Go(func(context.Context) { cancel(); <-release })
 	p.run = wedged
 	if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) || p.run != wedged {
 		t.Fatalf("Configure with sources that do not stop = %v (new runner started: %v), want context.Canceled", err, p.run != wedged)
 	}
-	close(wedged.done)
+	close(release)
 	if resp, err := p.Configure(context.Background(), req); err != nil || resp.Diagnostics.HasErrors() || p.run == wedged {
 		t.Fatalf("Configure after the old sources stopped = %v, %v", resp, err)
 	}

@@ -18,7 +18,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -134,7 +133,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 	}
 	defer p.turn.Release(1)
 	if p.run != nil {
-		if err := p.run.stop(ctx); err != nil {
+		if err := p.run.group.Stop(ctx); err != nil {
 			return nil, fmt.Errorf("serviceentry: configure: stop the previous sources: %w", err)
 		}
 		if p.run.id != s.id {
@@ -257,37 +256,18 @@ type runner struct {
 	logger  hclog.Logger
 	sources []source
 	kick    chan struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
+	group   *sdk.Run // the sources and the publishing loop
 	synced  bool
 }
 
 func startRunner(parent context.Context, state *sdk.State, id sdk.InstanceID, sources []source, logger hclog.Logger) *runner {
-	ctx, cancel := context.WithCancel(parent)
 	r := &runner{id: id, state: state, logger: logger, sources: sources,
-		kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
-	var wg sync.WaitGroup
+		kick: make(chan struct{}, 1), group: sdk.StartRun(parent)}
 	for _, s := range sources {
-		wg.Go(func() { s.run(ctx, r.changed) })
+		r.group.Go(func(ctx context.Context) { s.run(ctx, r.changed) })
 	}
-	wg.Go(func() { r.loop(ctx) })
-	go func() {
-		wg.Wait()
-		close(r.done)
-	}()
+	r.group.Go(r.loop)
 	return r
-}
-
-// stop stops the sources and waits until nothing publishes any more, or
-// until ctx ends.
-func (r *runner) stop(ctx context.Context) error {
-	r.cancel()
-	select {
-	case <-r.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Stop waits for the sources to end; the SDK calls it once the plugin's
@@ -297,11 +277,8 @@ func (p *plugin) Stop(ctx context.Context) error {
 		return fmt.Errorf("serviceentry: stop: %w", err)
 	}
 	defer p.turn.Release(1)
-	if p.run == nil {
-		return nil
-	}
-	if err := p.run.stop(ctx); err != nil {
-		return fmt.Errorf("serviceentry: stop: %w", err)
+	if p.run != nil {
+		return p.run.group.Stop(ctx)
 	}
 	return nil
 }

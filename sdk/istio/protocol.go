@@ -1,6 +1,9 @@
 package istio
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // Protocol is a port protocol in Istio's spelling ("HTTP", "GRPC-Web", ...),
 // the spelling sdk.Port.Protocol carries.
@@ -24,14 +27,22 @@ const (
 	Unsupported Protocol = "UnsupportedProtocol"
 )
 
+// known lists the protocols Istio knows, in the order protocol.Parse
+// checks them.
+var known = []Protocol{TCP, UDP, GRPC, GRPCWeb, HTTP, HTTPProxy, HTTP2, HTTPS, TLS, Mongo, Redis, MySQL}
+
 // protocols indexes the known protocols by their lower-case name.
 var protocols = func() map[string]Protocol {
 	m := map[string]Protocol{}
-	for _, p := range []Protocol{TCP, UDP, GRPC, GRPCWeb, HTTP, HTTPProxy, HTTP2, HTTPS, TLS, Mongo, Redis, MySQL} {
+	for _, p := range known {
 		m[strings.ToLower(string(p))] = p
 	}
 	return m
 }()
+
+// KnownProtocols lists the protocols Istio knows, for messages that tell an
+// operator what to write instead.
+func KnownProtocols() []Protocol { return slices.Clone(known) }
 
 // ParseProtocol reads a protocol name as Istio's protocol.Parse does:
 // ignoring case, and only whole names ("http-web" is Unsupported here; see
