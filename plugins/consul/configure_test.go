@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
-
-	"github.com/hashicorp/go-hclog"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/sdktest"
 )
 
 // TestConfigureHonoursContext: Configure never waits beyond its context,
@@ -16,37 +14,17 @@ import (
 // the host's call timeout always bounds it; a later Configure picks up
 // once the old watches are gone.
 func TestConfigureHonoursContext(t *testing.T) {
-	rtCtx, rtCancel := context.WithCancel(context.Background())
-	p := Factory(sdk.Runtime{Context: rtCtx, Logger: hclog.NewNullLogger(), State: sdk.NewState()}).(*plugin)
+	plug, _ := sdktest.Direct(t, Factory)
+	p := plug.(*plugin)
 	req := &sdk.ConfigureRequest{ConfigJSON: []byte(`{"address": "127.0.0.1:1", "datacenters": ["dc1"]}`)}
-	t.Cleanup(func() {
-		rtCancel()
-		// Bounded, so a failure above that leaves the wedged run in place
-		// fails here rather than hanging the package.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := p.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
 
-	t.Run("waiting for its turn", func(t *testing.T) {
-		if err := p.turn.Acquire(context.Background(), 1); err != nil {
-			t.Fatal(err)
-		}
-		defer p.turn.Release(1)
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
-			t.Fatalf("Configure while another holds the turn = %v, want context.Canceled", err)
-		}
-	})
+	sdktest.ConfigureHonoursContext(t, p, req)
 
 	// A previous run that will not stop until released, while the
 	// caller's context ends, as the host's deadline would.
 	ctx, cancel := context.WithCancel(context.Background())
 	release := make(chan struct{})
-	wedged := &run{group: sdk.StartRun(rtCtx)}
+	wedged := &run{group: sdk.StartRun(context.Background())}
 	wedged.ctx = wedged.group.Context()
 	wedged.group.Go(func(context.Context) { cancel(); <-release })
 	p.cur = wedged

@@ -7,13 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/sdktest"
 )
 
 // TestConfigureHonoursContext: Configure waits neither for its turn nor
@@ -26,31 +25,15 @@ func TestConfigureHonoursContext(t *testing.T) {
 	}
 	js, _ := json.Marshal(map[string]string{"kubeconfig": path, "cluster_id": "c1"})
 	req := &sdk.ConfigureRequest{ConfigJSON: js}
-	rtCtx, rtCancel := context.WithCancel(context.Background())
-	p := Factory(sdk.Runtime{Context: rtCtx, Logger: hclog.NewNullLogger(), State: sdk.NewState()}).(*plugin)
-	t.Cleanup(func() {
-		rtCancel()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure below must not hang the package
-		defer cancel()
-		if err := p.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
+	plug, _ := sdktest.Direct(t, Factory)
+	p := plug.(*plugin)
 
-	if err := p.turn.Acquire(context.Background(), 1); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
-		t.Errorf("Configure while another holds the turn = %v, want context.Canceled", err)
-	}
-	p.turn.Release(1)
+	sdktest.ConfigureHonoursContext(t, p, req)
 
 	// A controller whose secret loop will not end until released; its
 	// cancel ends the caller's context instead, as the host's deadline
 	// would.
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	wedged := &controller{
 		opts: &options{clusterID: "c1"}, cancel: cancel, done: make(chan struct{}), gone: make(chan struct{}),
 		queue:         workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{}),

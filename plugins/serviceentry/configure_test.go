@@ -9,46 +9,29 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/sdktest"
 )
 
 // TestConfigureHonoursContext: Configure waits neither for its turn nor
 // for the previous sources to stop beyond its context, so the host's call
 // timeout always bounds it; the next Configure picks up once they stopped.
 func TestConfigureHonoursContext(t *testing.T) {
-	rtCtx, rtCancel := context.WithCancel(context.Background())
-	p := Factory(sdk.Runtime{Context: rtCtx, Logger: hclog.NewNullLogger(), State: sdk.NewState()}).(*plugin)
+	plug, _ := sdktest.Direct(t, Factory)
+	p := plug.(*plugin)
 	js, _ := json.Marshal(map[string]string{"dir": t.TempDir(), "cluster_id": "c1"})
 	req := &sdk.ConfigureRequest{ConfigJSON: js}
-	t.Cleanup(func() {
-		rtCancel()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a failure above must not hang the package
-		defer cancel()
-		if err := p.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
 
-	if err := p.turn.Acquire(context.Background(), 1); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) {
-		t.Errorf("Configure while another holds the turn = %v, want context.Canceled", err)
-	}
-	p.turn.Release(1)
+	sdktest.ConfigureHonoursContext(t, p, req)
 
 	// Sources that will not stop until released, while the caller's
 	// context ends, as the host's deadline would.
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	release := make(chan struct{})
-	wedged := &runner{id: sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: "c1"}, group: sdk.StartRun(rtCtx)}
+	wedged := &runner{id: sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: "c1"}, group: sdk.StartRun(context.Background())}
 	wedged.group.Go(func(context.Context) { cancel(); <-release })
 	p.run = wedged
 	if _, err := p.Configure(ctx, req); !errors.Is(err, context.Canceled) || p.run != wedged {

@@ -1,8 +1,6 @@
 package static
 
 import (
-	"context"
-	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -172,10 +170,6 @@ func TestProtocolSpelling(t *testing.T) {
 }
 
 func TestConfigureHonoursContext(t *testing.T) {
-	p := Factory(sdk.Runtime{Context: context.Background(), State: sdk.NewState()})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := p.Configure(ctx, &sdk.ConfigureRequest{ConfigJSON: []byte(`{"cluster": "c1"}`)}); !errors.Is(err, context.Canceled) {
-		t.Errorf("Configure with an ended context = %v, want context.Canceled", err)
-	}
+	p, _ := sdktest.Direct(t, Factory)
+	sdktest.ConfigureHonoursContext(t, p, &sdk.ConfigureRequest{ConfigJSON: []byte(`{"cluster": "c1"}`)})
 }
