@@ -14,6 +14,13 @@
 //		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &hello{state: rt.State} })
 //	}
 //
+// What registries share lives here too, so every plugin reads a source the
+// same way: package istio holds Istio's label keys and its port-name and
+// protocol rules; package backoff spaces out retries; [NoticeList] caps
+// health notices; a [TypeDuration] attribute decodes into a [Duration];
+// [Run] and [Stopper] let Configure and shutdown stop a plugin's watches
+// within the host's deadline; [ValueOr] reads unset attributes.
+//
 // Generated protocol types never appear in this package; see
 // proto/registry/v1 for the wire contract.
 package sdk

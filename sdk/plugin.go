@@ -152,3 +152,23 @@ func (d Diagnostics) Error() string {
 	}
 	return string(b)
 }
+
+// Stopper is an optional interface for a plugin that runs goroutines of
+// its own (the watches Configure starts). Once the host has stopped the
+// plugin and Runtime.Context has ended, Serve calls Stop and waits for it:
+// Stop returns when every goroutine the plugin started has ended, or with
+// ctx's error when ctx (bounded by StopTimeout) ends first. Tests that
+// serve a plugin in-process rely on it, so nothing logs after they end.
+type Stopper interface {
+	Stop(ctx context.Context) error
+}
+
+// ValueOr returns *p, or def when p is nil. Attributes left unset arrive as
+// null in ConfigJSON and decode into nil pointers; ValueOr applies their
+// defaults.
+func ValueOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

@@ -2,7 +2,10 @@ package sdk
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"os/signal"
 	"runtime"
@@ -56,50 +59,68 @@ func Serve(f Factory) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	go exitWithParent(ctx, logger)
-	serve(ctx, f, logger, nil, nil)
+	serve(ctx, f, logger, logger, nil, nil)
 }
 
 // ServeTest serves f in this process for tests: it returns the config a
 // go-plugin client reattaches with, and a channel closed when serving ends
-// (after the client kills the plugin or ctx ends).
+// (after the client kills the plugin or ctx ends). By the time the channel
+// is closed the plugin has stopped (see [Stopper]) and nothing the SDK or
+// the plugin started will write to logger again, so a test that waits for
+// it can end without a late log line reaching a finished testing.T.
 func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.ReattachConfig, <-chan struct{}, error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
 	reattach := make(chan *plugin.ReattachConfig, 1)
-	closed := make(chan struct{})
+	served := make(chan struct{}) // closed by go-plugin when it stops serving
+	done := make(chan struct{})   // closed once everything below has ended
 	// go-plugin stops a test-mode server both when its context ends and when
 	// a client's Shutdown RPC arrives; two at once race inside go-plugin.
 	// Whichever comes first stops the server; the other is dropped.
 	stop := &stopOnce{}
 	serveCtx, cancelServe := context.WithCancel(context.Background())
+	watching := make(chan struct{})
 	go func() {
+		defer close(watching)
 		select {
 		case <-ctx.Done():
 			if stop.claim() {
 				cancelServe()
 			}
-		case <-closed:
+		case <-served:
 		}
 	}()
+	// In test mode go-plugin never closes the write ends of the stdio pipes
+	// it makes, so its two goroutines copying from them end only when the
+	// garbage collector closes the files, and then log that they did. No
+	// one can wait for them; instead go-plugin logs through a gate that is
+	// shut before done is closed, so those last lines are dropped.
+	gate := &logGate{}
 	go func() {
+		defer close(done)
 		defer cancelServe()
-		serve(ctx, f, logger, &plugin.ServeTestConfig{Context: serveCtx, ReattachConfigCh: reattach, CloseCh: closed}, stop)
-		// In test mode go-plugin never closes the write ends of the stdio
-		// pipes it makes, so its two goroutines copying from them block
-		// until the garbage collector closes the files. Collect now, so
-		// tests that check for leaked goroutines see them end.
+		serve(ctx, f, logger, gatedLogger{logger, gate}, &plugin.ServeTestConfig{Context: serveCtx, ReattachConfigCh: reattach, CloseCh: served}, stop)
+		<-watching
+		gate.close()
+		// Collect now, so the copying goroutines end soon and tests that
+		// check for leaked goroutines see them gone.
 		runtime.GC()
 	}()
 	select {
 	case rc := <-reattach:
-		return rc, closed, nil
-	case <-time.After(10 * time.Second):
-		return nil, nil, fmt.Errorf("plugin did not start serving within 10s")
+		return rc, done, nil
+	case <-done:
+		return nil, nil, errors.New("plugin stopped before it served")
+	case <-ctx.Done():
+		<-done
+		return nil, nil, fmt.Errorf("plugin did not start serving: %w", ctx.Err())
 	}
 }
 
-func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.ServeTestConfig, stop *stopOnce) {
+// serve runs the plugin until go-plugin stops serving, then stops it.
+// goPluginLogger receives go-plugin's own log lines.
+func serve(ctx context.Context, f Factory, logger, goPluginLogger hclog.Logger, test *plugin.ServeTestConfig, stop *stopOnce) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	state := NewState()
@@ -119,9 +140,83 @@ func serve(ctx context.Context, f Factory, logger hclog.Logger, test *plugin.Ser
 			)
 			return grpc.NewServer(opts...)
 		},
-		Logger: logger,
+		Logger: goPluginLogger,
 		Test:   test,
 	})
+	// The host is gone: end the plugin's context and wait for what it runs.
+	cancel()
+	if s, ok := impl.(Stopper); ok {
+		sctx, scancel := context.WithTimeout(context.Background(), StopTimeout)
+		defer scancel()
+		if err := s.Stop(sctx); err != nil {
+			logger.Error("plugin did not stop cleanly", "error", err)
+		}
+	}
+}
+
+// StopTimeout bounds how long Serve waits for a [Stopper] to stop.
+const StopTimeout = 30 * time.Second
+
+// logGate passes log calls through until it is closed and drops them
+// after. A call in flight when close is called finishes first.
+type logGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (g *logGate) do(f func()) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if !g.closed {
+		f()
+	}
+}
+
+func (g *logGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
+// gatedLogger is a logger, and every logger derived from it, behind a gate.
+type gatedLogger struct {
+	hclog.Logger
+	gate *logGate
+}
+
+func (l gatedLogger) Log(level hclog.Level, msg string, args ...any) {
+	l.gate.do(func() { l.Logger.Log(level, msg, args...) })
+}
+func (l gatedLogger) Trace(msg string, args ...any) { l.Log(hclog.Trace, msg, args...) }
+func (l gatedLogger) Debug(msg string, args ...any) { l.Log(hclog.Debug, msg, args...) }
+func (l gatedLogger) Info(msg string, args ...any)  { l.Log(hclog.Info, msg, args...) }
+func (l gatedLogger) Warn(msg string, args ...any)  { l.Log(hclog.Warn, msg, args...) }
+func (l gatedLogger) Error(msg string, args ...any) { l.Log(hclog.Error, msg, args...) }
+func (l gatedLogger) With(args ...any) hclog.Logger {
+	return gatedLogger{l.Logger.With(args...), l.gate}
+}
+func (l gatedLogger) Named(name string) hclog.Logger {
+	return gatedLogger{l.Logger.Named(name), l.gate}
+}
+func (l gatedLogger) ResetNamed(name string) hclog.Logger {
+	return gatedLogger{l.Logger.ResetNamed(name), l.gate}
+}
+func (l gatedLogger) StandardWriter(opts *hclog.StandardLoggerOptions) io.Writer {
+	return gatedWriter{l.Logger.StandardWriter(opts), l.gate}
+}
+func (l gatedLogger) StandardLogger(opts *hclog.StandardLoggerOptions) *log.Logger {
+	return log.New(l.StandardWriter(opts), "", 0)
+}
+
+type gatedWriter struct {
+	w    io.Writer
+	gate *logGate
+}
+
+func (w gatedWriter) Write(p []byte) (n int, err error) {
+	n = len(p)
+	w.gate.do(func() { n, err = w.w.Write(p) })
+	return n, err
 }
 
 // exitWithParent ends the plugin when its host dies without stopping it

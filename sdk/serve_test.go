@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,7 +73,7 @@ func TestServeRecoversPanics(t *testing.T) {
 	logs := &syncBuffer{}
 	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: logs, JSONFormat: true})
 	impl := &panicky{}
-	rpc := serve(t, func(rt sdk.Runtime) sdk.Plugin { impl.state = rt.State; return impl }, logger)
+	rpc, _ := serve(t, func(rt sdk.Runtime) sdk.Plugin { impl.state = rt.State; return impl }, logger)
 	call, done := context.WithTimeout(t.Context(), 10*time.Second)
 	defer done()
 
@@ -134,7 +136,7 @@ func (errPlugin) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.Configu
 }
 
 func TestServeErrorCodes(t *testing.T) {
-	rpc := serve(t, func(sdk.Runtime) sdk.Plugin { return errPlugin{} }, nil)
+	rpc, _ := serve(t, func(sdk.Runtime) sdk.Plugin { return errPlugin{} }, nil)
 	ctx := t.Context()
 	_, err := rpc.Describe(ctx, &registryv1.DescribeRequest{})
 	wantStatus(t, err, codes.FailedPrecondition, "not yet")
@@ -144,8 +146,9 @@ func TestServeErrorCodes(t *testing.T) {
 
 // serve serves the plugin built by f in this process with sdk.ServeTest and
 // connects to it as the host does: go-plugin, reattached, over gRPC. The
-// plugin is stopped, and its connection closed, when the test ends.
-func serve(t *testing.T, f sdk.Factory, logger hclog.Logger) registryv1.RegistryClient {
+// plugin is stopped, and its connection closed, by kill or when the test
+// ends; kill returns once sdk.ServeTest says serving has ended.
+func serve(t *testing.T, f sdk.Factory, logger hclog.Logger) (rpc registryv1.RegistryClient, kill func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	rc, closed, err := sdk.ServeTest(ctx, f, logger)
@@ -168,7 +171,7 @@ func serve(t *testing.T, f sdk.Factory, logger hclog.Logger) registryv1.Registry
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	kill = sync.OnceFunc(func() {
 		// As the host does: closing the client asks the plugin to stop.
 		// The context ends only afterwards, so go-plugin does not stop
 		// the server twice at once.
@@ -176,16 +179,18 @@ func serve(t *testing.T, f sdk.Factory, logger hclog.Logger) registryv1.Registry
 		_ = cp.Close()
 		select {
 		case <-closed:
-		case <-time.After(5 * time.Second):
-			t.Errorf("plugin still serving 5s after the client closed")
+		case <-time.After(30 * time.Second):
+			t.Errorf("plugin still serving 30s after the client closed")
 		}
 		cancel()
+		<-closed // nothing of the plugin may outlive the test
 	})
+	t.Cleanup(kill)
 	raw, err := cp.Dispense(sdk.PluginName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return raw.(registryv1.RegistryClient)
+	return raw.(registryv1.RegistryClient), kill
 }
 
 type inProcess struct{ closed <-chan struct{} }
@@ -195,3 +200,108 @@ func (inProcess) Kill(context.Context) error                       { return nil 
 func (inProcess) ID() string                                       { return "in-process" }
 func (inProcess) PluginToHost(n, a string) (string, string, error) { return n, a, nil }
 func (inProcess) HostToPlugin(n, a string) (string, string, error) { return n, a, nil }
+
+// worker runs a goroutine of its own, as a plugin's watches do, that logs
+// when it stops.
+type worker struct {
+	rt      sdk.Runtime
+	stopped atomic.Bool
+	done    chan struct{}
+}
+
+func (w *worker) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Name: "worker", Version: "1.0.0"}, nil
+}
+
+func (w *worker) Configure(context.Context, *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	go func() {
+		defer close(w.done)
+		<-w.rt.Context.Done()
+		w.rt.Logger.Info("worker stopping")
+		w.stopped.Store(true)
+	}()
+	return &sdk.ConfigureResponse{}, nil
+}
+
+func (w *worker) Stop(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+var _ sdk.Stopper = (*worker)(nil)
+
+// lateLog fails a test that writes to it after it was sealed: a line
+// logged after the test ended would reach a finished testing.T.
+type lateLog struct {
+	mu     sync.Mutex
+	sealed bool
+	late   []string
+	lines  []string
+}
+
+func (l *lateLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sealed {
+		l.late = append(l.late, string(p))
+	} else {
+		l.lines = append(l.lines, string(p))
+	}
+	return len(p), nil
+}
+
+// TestServeTestWaitsForEverything checks ServeTest's promise: once its
+// channel is closed, the plugin's goroutines have ended (Stopper) and
+// neither they nor go-plugin's stdio copiers (which end only when the
+// garbage collector closes their pipes) write to the logger again.
+func TestServeTestWaitsForEverything(t *testing.T) {
+	log := &lateLog{}
+	logger := hclog.New(&hclog.LoggerOptions{Level: hclog.Trace, Output: log})
+	w := &worker{done: make(chan struct{})}
+	rpc, kill := serve(t, func(rt sdk.Runtime) sdk.Plugin { w.rt = rt; return w }, logger)
+	if _, err := rpc.Configure(t.Context(), &registryv1.ConfigureRequest{}); err != nil {
+		t.Fatal(err)
+	}
+
+	kill()
+	if !w.stopped.Load() {
+		t.Errorf("serving ended before the plugin's goroutine did")
+	}
+	log.mu.Lock()
+	log.sealed = true
+	log.mu.Unlock()
+
+	// Let go-plugin's stdio copiers end, then look at what they wrote.
+	deadline := time.Now().Add(time.Minute)
+	for copiers() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("go-plugin's stdio copiers still run a minute after serving ended")
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if len(log.late) > 0 {
+		t.Errorf("logged after serving ended: %q", log.late)
+	}
+	if !slices.ContainsFunc(log.lines, func(s string) bool { return strings.Contains(s, "worker stopping") }) {
+		t.Errorf("the plugin's last line is missing: %q", log.lines)
+	}
+}
+
+// copiers counts go-plugin's stdio copy goroutines.
+func copiers() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "go-plugin.copyChan(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}

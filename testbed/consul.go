@@ -29,8 +29,9 @@ type Consul struct {
 	// DataDir is the persistent data directory; empty for an in-memory
 	// (-dev) agent.
 	DataDir string
-	// Ports of the agent; -1 means disabled. DNS and serf WAN are disabled.
-	HTTPPort, ServerPort, SerfLANPort, GRPCPort int
+	// Ports of the agent; -1 means disabled. DNS and serf WAN are disabled,
+	// HTTPS unless ConsulHTTPS was given.
+	HTTPPort, ServerPort, SerfLANPort, GRPCPort, HTTPSPort int
 	// Dir holds the config file and the log, Log is the log file.
 	Dir, Log string
 	// Node is the agent's node name.
@@ -75,6 +76,14 @@ func ConsulACL(token string) ConsulOption {
 	}
 }
 
+// ConsulHTTPS gives the agent an HTTPS port too, in Consul.HTTPSPort, chosen
+// with the others (a port picked by the test would not move when the
+// testbed retries a start that found a port taken). The fragment given
+// with ConsulHCL configures its TLS.
+func ConsulHTTPS() ConsulOption {
+	return func(c *Consul) { c.HTTPSPort = 0 }
+}
+
 // ConsulHCL adds a configuration fragment, written to its own config file
 // after the testbed's own settings (so it can override them).
 func ConsulHCL(hcl string) ConsulOption {
@@ -105,6 +114,8 @@ func StartConsul(t testing.TB, opts ...ConsulOption) *Consul {
 		Log:    filepath.Join(dir, "consul.log"),
 		Node:   "testbed",
 		httpTr: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second},
+		// HTTPSPort: -1 (disabled) unless ConsulHTTPS sets it to 0 (pick one).
+		HTTPSPort: -1,
 	}
 	t.Cleanup(c.cleanup)
 	for _, o := range opts {
@@ -118,11 +129,18 @@ func StartConsul(t testing.TB, opts ...ConsulOption) *Consul {
 
 	t0 := time.Now()
 	for attempt := 0; ; attempt++ {
-		ports, err := freePorts(4, true)
+		n := 4
+		if c.HTTPSPort >= 0 {
+			n = 5
+		}
+		ports, err := freePorts(n, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort = ports[0], ports[1], ports[2], ports[3]
+		if n == 5 {
+			c.HTTPSPort = ports[4]
+		}
 		c.Addr = "127.0.0.1:" + strconv.Itoa(c.HTTPPort)
 		if err := c.configure(); err != nil {
 			t.Fatal(err)
@@ -156,12 +174,12 @@ ports {
   server   = %d
   serf_lan = %d
   grpc     = %d
+  https    = %d
   dns      = -1
   serf_wan = -1
-  https    = -1
   grpc_tls = -1
 }
-`, c.Node, c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort)
+`, c.Node, c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort, c.HTTPSPort)
 	if c.DataDir != "" {
 		// What -dev would give, minus the in-memory state: a single server
 		// that elects itself quickly.

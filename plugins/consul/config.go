@@ -43,31 +43,31 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "health", Type: "string", Description: `which instances become endpoints: "passing" (default) or "passing_and_warning"`},
 	{Name: "tag_filter", Type: "list(string)", Description: "only instances carrying every one of these tags"},
 	{Name: "network", Type: "string", Description: "default network of the endpoints; default mesh.network"},
-	{Name: "wait_time", Type: "string", Description: `longest a blocking query waits, e.g. "5m" (default, at most 10m)`},
+	{Name: "wait_time", Type: sdk.TypeDuration, Description: `longest a blocking query waits, e.g. "5m" (default, at most 10m)`},
 	{Name: "rate_limit", Type: "number", Description: "requests per second to Consul, shared by all watches (default 1000)"},
 	{Name: "max_watchers", Type: "number", Description: "most per-service watches per datacenter (default 1000); each holds one connection to the agent"},
 }}
 
 // config is the decoded `config { }` block; unset attributes are nil.
 type config struct {
-	Address      *string  `json:"address"`
-	Scheme       *string  `json:"scheme"`
-	Datacenters  []string `json:"datacenters"`
-	Token        *string  `json:"token"`
-	TokenFile    *string  `json:"token_file"`
-	CAFile       *string  `json:"ca_file"`
-	CertFile     *string  `json:"cert_file"`
-	KeyFile      *string  `json:"key_file"`
-	ServerName   *string  `json:"server_name"`
-	Namespace    *string  `json:"namespace"`
-	Partition    *string  `json:"partition"`
-	DomainSuffix *string  `json:"domain_suffix"`
-	Health       *string  `json:"health"`
-	TagFilter    []string `json:"tag_filter"`
-	Network      *string  `json:"network"`
-	WaitTime     *string  `json:"wait_time"`
-	RateLimit    *float64 `json:"rate_limit"`
-	MaxWatchers  *float64 `json:"max_watchers"`
+	Address      *string       `json:"address"`
+	Scheme       *string       `json:"scheme"`
+	Datacenters  []string      `json:"datacenters"`
+	Token        *string       `json:"token"`
+	TokenFile    *string       `json:"token_file"`
+	CAFile       *string       `json:"ca_file"`
+	CertFile     *string       `json:"cert_file"`
+	KeyFile      *string       `json:"key_file"`
+	ServerName   *string       `json:"server_name"`
+	Namespace    *string       `json:"namespace"`
+	Partition    *string       `json:"partition"`
+	DomainSuffix *string       `json:"domain_suffix"`
+	Health       *string       `json:"health"`
+	TagFilter    []string      `json:"tag_filter"`
+	Network      *string       `json:"network"`
+	WaitTime     *sdk.Duration `json:"wait_time"`
+	RateLimit    *float64      `json:"rate_limit"`
+	MaxWatchers  *float64      `json:"max_watchers"`
 }
 
 // settings is a validated config, ready to run.
@@ -208,10 +208,7 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 	s.tagFilter = slices.Clone(cfg.TagFilter)
 	setIf(&s.network, cfg.Network)
 	if cfg.WaitTime != nil {
-		d, err := time.ParseDuration(*cfg.WaitTime)
-		switch {
-		case err != nil:
-			diags.Errorf([]string{"wait_time"}, "wait_time %q is not a duration such as \"5m\" or \"30s\"", *cfg.WaitTime)
+		switch d := cfg.WaitTime.Duration; {
 		case d < time.Second || d > maxWaitTime:
 			diags.Errorf([]string{"wait_time"}, "wait_time %s is not between 1s and %s (Consul's maximum)", d, maxWaitTime)
 		default:

@@ -122,7 +122,6 @@ func TestConfigValidation(t *testing.T) {
 		{"bad domain suffix", `domain_suffix = "."`, []string{"domain_suffix"}, "not a DNS suffix"},
 		{"bad health", `health = "warning"`, []string{"health"}, `"warning" is not "passing" or "passing_and_warning"`},
 		{"empty tag", `tag_filter = ["a", ""]`, []string{"tag_filter", "1"}, "must not be empty"},
-		{"bad wait_time", `wait_time = "soon"`, []string{"wait_time"}, "not a duration"},
 		{"wait_time too long", `wait_time = "11m"`, []string{"wait_time"}, "not between 1s and 10m0s"},
 		{"zero rate", `rate_limit = 0`, []string{"rate_limit"}, "above 0"},
 		{"fractional watchers", `max_watchers = 1.5`, []string{"max_watchers"}, "whole number"},
@@ -142,7 +141,7 @@ func TestConfigValidation(t *testing.T) {
 
 // TestConfigReportsEveryProblem: one Configure names all bad attributes.
 func TestConfigReportsEveryProblem(t *testing.T) {
-	_, diags := decodeConfig(t, "health = \"x\"\nwait_time = \"x\"\nrate_limit = -1\n", sdk.MeshSettings{})
+	_, diags := decodeConfig(t, "health = \"x\"\nwait_time = \"11m\"\nrate_limit = -1\n", sdk.MeshSettings{})
 	var paths []string
 	for _, d := range diags {
 		paths = append(paths, strings.Join(d.Path, "."))
@@ -150,6 +149,15 @@ func TestConfigReportsEveryProblem(t *testing.T) {
 	slices.Sort(paths)
 	if want := []string{"health", "rate_limit", "wait_time"}; !slices.Equal(paths, want) {
 		t.Errorf("diagnostic paths = %v, want %v", paths, want)
+	}
+}
+
+// TestWaitTimeIsADuration: wait_time is a duration attribute, so the host
+// rejects a malformed one at its position before the plugin sees it.
+func TestWaitTimeIsADuration(t *testing.T) {
+	_, diags := configschema.ParseHCL("plugins.hcl", []byte("datacenters = []\nwait_time = \"soon\"\n"), schema)
+	if len(diags) != 1 || diags[0].Subject == nil || diags[0].Subject.Start.Line != 2 || !strings.Contains(diags[0].Detail, `"soon" is not a duration`) {
+		t.Errorf("diagnostics = %v, want one at line 2 saying \"soon\" is not a duration", diags)
 	}
 }
 

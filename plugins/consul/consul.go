@@ -31,6 +31,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
 	"github.com/estuary-mesh/estuary/sdk"
@@ -41,15 +42,21 @@ const Version = "0.1.0"
 
 // Factory builds the plugin.
 func Factory(rt sdk.Runtime) sdk.Plugin {
-	return &plugin{rt: rt, log: rt.Logger.With("provider", sdk.ProviderConsul), held: map[sdk.InstanceID]map[string]bool{}}
+	return &plugin{
+		rt: rt, log: rt.Logger.With("provider", sdk.ProviderConsul),
+		turn: semaphore.NewWeighted(1), held: map[sdk.InstanceID]map[string]bool{},
+	}
 }
 
 type plugin struct {
 	rt  sdk.Runtime
 	log hclog.Logger
 
-	mu  sync.Mutex // serialises Configure
-	cur *run       // the running config; nil before the first Configure
+	// turn admits one Configure (or Stop) at a time. Unlike a mutex, a
+	// caller waiting for it gives up when its context ends, so a run that
+	// is slow to stop never blocks a call beyond the host's deadline.
+	turn *semaphore.Weighted
+	cur  *run // the last started run, maybe stopping; nil before the first Configure
 
 	heldMu sync.Mutex
 	// held lists, per instance, the hostnames it holds in State. It outlives
@@ -57,7 +64,10 @@ type plugin struct {
 	held map[sdk.InstanceID]map[string]bool
 }
 
-var _ sdk.Plugin = (*plugin)(nil)
+var (
+	_ sdk.Plugin  = (*plugin)(nil)
+	_ sdk.Stopper = (*plugin)(nil)
+)
 
 func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
 	return &sdk.DescribeResponse{
@@ -70,7 +80,11 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 	}, nil
 }
 
-func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+// Configure starts watching with a new config. The running watches stop
+// first (State keeps serving what they reported meanwhile); if they have
+// not stopped when ctx ends, Configure returns ctx's error and the next
+// call waits for them again.
+func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg config
 	if err := req.Decode(&cfg); err != nil {
 		return nil, fmt.Errorf("consul: decode config: %w", err)
@@ -79,15 +93,17 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	if diags.HasErrors() {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return nil, fmt.Errorf("consul: configure: %w", err)
+	}
+	defer p.turn.Release(1)
 	if err := p.rt.Context.Err(); err != nil {
 		return nil, fmt.Errorf("consul: configure: %w", err)
 	}
 	// A host reload re-sends every plugin's block. The same block, with the
 	// same token and no TLS files to re-read, keeps the running watches
 	// instead of listing everything again.
-	if c := p.cur; c != nil && bytes.Equal(c.raw, req.ConfigJSON) && c.mesh == req.Mesh && c.s.token == s.token && s.tls == nil {
+	if c := p.cur; c != nil && c.ctx.Err() == nil && bytes.Equal(c.raw, req.ConfigJSON) && c.mesh == req.Mesh && c.s.token == s.token && s.tls == nil {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
 	client, tr, err := newClient(s)
@@ -96,9 +112,13 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
 	if p.cur != nil {
-		// The old watches stop before the new ones start; State keeps
-		// serving what they reported meanwhile.
-		p.cur.stop()
+		// The old watches stop before the new ones start, as both share
+		// the instances' held hostnames; State keeps serving what they
+		// reported meanwhile.
+		if err := p.cur.group.Stop(ctx); err != nil {
+			tr.CloseIdleConnections()
+			return nil, fmt.Errorf("consul: configure: stop the previous config's watches: %w", err)
+		}
 	}
 	p.cur = p.start(s, client, tr)
 	p.cur.raw, p.cur.mesh = bytes.Clone(req.ConfigJSON), req.Mesh
@@ -155,32 +175,37 @@ type run struct {
 	token   atomic.Pointer[string]
 	limiter *rate.Limiter // shared by every loop of the run
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	done   chan struct{}
+	group *sdk.Run        // runs main, which waits for the loops it starts
+	ctx   context.Context // the group's
+	wg    sync.WaitGroup  // the datacenters' and services' loops
 }
 
 func (p *plugin) start(s *settings, client *api.Client, tr *http.Transport) *run {
-	ctx, cancel := context.WithCancel(p.rt.Context)
+	group := sdk.StartRun(p.rt.Context)
 	r := &run{
 		p: p, s: s, client: client, tr: tr,
 		limiter: rate.NewLimiter(rate.Limit(s.rateLimit), max(1, int(s.rateLimit))),
-		ctx:     ctx, cancel: cancel, done: make(chan struct{}),
+		group:   group, ctx: group.Context(),
 	}
 	r.token.Store(&s.token)
-	go r.main()
+	group.Go(r.main)
 	return r
 }
 
-// stop cancels the run and waits until all its goroutines are gone.
-func (r *run) stop() {
-	r.cancel()
-	<-r.done
+// Stop waits for the running watches to end; the SDK calls it once the
+// plugin's context has ended.
+func (p *plugin) Stop(ctx context.Context) error {
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return fmt.Errorf("consul: stop: %w", err)
+	}
+	defer p.turn.Release(1)
+	if p.cur != nil {
+		return p.cur.group.Stop(ctx)
+	}
+	return nil
 }
 
-func (r *run) main() {
-	defer close(r.done)
+func (r *run) main(context.Context) {
 	defer r.tr.CloseIdleConnections()
 	defer r.wg.Wait()
 	dcs := r.s.datacenters
@@ -228,7 +253,7 @@ func (p *plugin) heldFor(id sdk.InstanceID) map[string]bool {
 // answers or the run ends. /v1/agent/self needs agent:read; without it, a
 // catalog that knows a single datacenter answers too.
 func (r *run) ownDatacenter() (string, bool) {
-	var bo backoff
+	bo := newBackoff()
 	last := ""
 	for {
 		if err := r.limiter.Wait(r.ctx); err != nil {
@@ -241,12 +266,13 @@ func (r *run) ownDatacenter() (string, bool) {
 		if err == nil {
 			return dc, true
 		}
+		err = r.explain(r.ctx, err)
 		if msg := describe(err); msg != last {
 			r.p.log.Error("cannot learn the agent's datacenter; set datacenters to skip this step", "error", msg)
 			last = msg
 		}
 		r.reloadToken(err)
-		if !sleep(r.ctx, bo.next()) {
+		if bo.Wait(r.ctx) != nil {
 			return "", false
 		}
 	}

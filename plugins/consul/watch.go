@@ -78,7 +78,7 @@ func (r *run) newDatacenter(name string) *datacenter {
 func (d *datacenter) watchCatalog(ctx context.Context) {
 	defer d.stopWatches()
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
-	var bo backoff
+	bo := newBackoff()
 	var index uint64
 	// relist makes the next list a consistent read. Right after a restart
 	// a server may answer from a state it has not finished restoring; a
@@ -97,9 +97,10 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 			return
 		}
 		if err != nil {
+			err = d.r.explain(ctx, err)
 			d.setCatalogErr(err)
 			d.r.reloadToken(err)
-			if !sleep(ctx, bo.next()) {
+			if bo.Wait(ctx) != nil {
 				return
 			}
 			// Retry with a list, not a blocking query: it answers at once,
@@ -107,7 +108,7 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 			index, relist = 0, true
 			continue
 		}
-		bo.reset()
+		bo.Reset()
 		next, reset := nextIndex(index, meta.LastIndex)
 		index, relist = next, reset
 		if reset {
@@ -227,7 +228,7 @@ func (d *datacenter) stopWatches() {
 // ends (the service left the catalog, or the run stopped).
 func (d *datacenter) watchService(ctx context.Context, w *watch) {
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
-	var bo backoff
+	bo := newBackoff()
 	var index uint64
 	relist := false // as in watchCatalog; a new watch reads as its catalog list did
 	for {
@@ -245,13 +246,13 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 		if err != nil {
 			d.setWatchErr(w, err)
 			d.r.reloadToken(err)
-			if !sleep(ctx, bo.next()) {
+			if bo.Wait(ctx) != nil {
 				return
 			}
 			index, relist = 0, true // as in watchCatalog
 			continue
 		}
-		bo.reset()
+		bo.Reset()
 		next, reset := nextIndex(index, meta.LastIndex)
 		index, relist = next, reset
 		if reset {
@@ -406,19 +407,12 @@ func (d *datacenter) healthLocked() {
 	if d.filtered {
 		h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: "Consul filtered the service list by ACLs: the token cannot read every service"})
 	}
-	more := 0
+	capped := sdk.NoticeList{Max: maxNotices, Subject: subject}
+	capped.Add(h.Notices...)
 	for _, name := range keys(d.notices) {
-		for _, n := range d.notices[name] {
-			if len(h.Notices) < maxNotices {
-				h.Notices = append(h.Notices, n)
-			} else {
-				more++
-			}
-		}
+		capped.Add(d.notices[name]...)
 	}
-	if more > 0 {
-		h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: fmt.Sprintf("%d more notices not shown", more)})
-	}
+	h.Notices = capped.List()
 	if err := d.state.SetHealth(d.id, h); err != nil {
 		d.log.Error("set health", "error", err)
 	}

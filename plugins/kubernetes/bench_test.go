@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"github.com/estuary-mesh/estuary/sdk/sdktest"
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -174,7 +175,7 @@ func populate(b *testing.B, tb *testbed.Kube) {
 	}
 	nsName := func(i int) string { return fmt.Sprintf("bench-%03d", i) }
 	run(benchNodes, func(i int) error {
-		n := nodeObj(fmt.Sprintf("node-%02d", i), map[string]string{labelRegion: "region-" + strconv.Itoa(i%3), labelZone: "zone-" + strconv.Itoa(i%6)})
+		n := nodeObj(fmt.Sprintf("node-%02d", i), map[string]string{corev1.LabelTopologyRegion: "region-" + strconv.Itoa(i%3), corev1.LabelTopologyZone: "zone-" + strconv.Itoa(i%6)})
 		_, err := c.CoreV1().Nodes().Create(ctxb, n, metav1.CreateOptions{})
 		return err
 	})
@@ -198,7 +199,7 @@ func populate(b *testing.B, tb *testbed.Kube) {
 		ns, svc := nsName(i/benchServicesPerNS), fmt.Sprintf("svc-%03d", i%benchServicesPerNS)
 		_, err := c.CoreV1().Pods(ns).Create(ctxb, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", svc, k%benchEndpointsPerSvc), Namespace: ns,
-				Labels: map[string]string{"app": svc, "version": "v1", labelTLSMode: "istio"}},
+				Labels: map[string]string{"app": svc, "version": "v1", istio.LabelTLSMode: "istio"}},
 			Spec: corev1.PodSpec{
 				NodeName: fmt.Sprintf("node-%02d", k%benchNodes), ServiceAccountName: svc,
 				Containers: []corev1.Container{{Name: "app", Image: "example.com/app:1"}},

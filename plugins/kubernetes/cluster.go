@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // clusterSpec is what a cluster connection needs to know about its place in
@@ -386,7 +387,7 @@ func (c *cluster) gateways() ([]sdk.NetworkGateway, []sdk.Notice) {
 // namespace's topology.istio.io/network label, else the spec's.
 func (c *cluster) network() string {
 	if o, ok, _ := c.namespaceInf.GetIndexer().GetByKey(c.spec.opts.systemNamespace); ok {
-		if n := o.(*corev1.Namespace).Labels[labelNetwork]; n != "" {
+		if n := o.(*corev1.Namespace).Labels[istio.LabelNetwork]; n != "" {
 			return n
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"github.com/estuary-mesh/estuary/sdk/sdktest"
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -39,13 +40,13 @@ func TestPrimaryCluster(t *testing.T) {
 	k := kube{t, tb.Client()}
 	watched := map[string]string{"estuary.io/test": "watched"}
 
-	k.node("n1", map[string]string{labelRegion: "eu", labelZone: "eu-1", labelSubzone: "rack1"})
-	k.node("n2", map[string]string{labelRegion: "us", labelZone: "us-1"})
+	k.node("n1", map[string]string{corev1.LabelTopologyRegion: "eu", corev1.LabelTopologyZone: "eu-1", istio.LabelSubzone: "rack1"})
+	k.node("n2", map[string]string{corev1.LabelTopologyRegion: "us", corev1.LabelTopologyZone: "us-1"})
 	ns := k.namespace("apps", watched)
 	hidden := k.namespace("hidden", nil)
-	p1Labels := map[string]string{"app": "echo", "version": "v1", labelTLSMode: "istio"}
+	p1Labels := map[string]string{"app": "echo", "version": "v1", istio.LabelTLSMode: "istio"}
 	k.pod(ns, "p1", p1Labels, "n1", "echo-sa")
-	k.pod(ns, "p2", map[string]string{"app": "echo", labelNetwork: "net-pod"}, "n2", "")
+	k.pod(ns, "p2", map[string]string{"app": "echo", istio.LabelNetwork: "net-pod"}, "n2", "")
 	k.pod(ns, "p3", map[string]string{"app": "echo"}, "n1", "echo-sa")
 	echo := k.service(&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns, Labels: map[string]string{"app": "echo"}},
@@ -164,13 +165,13 @@ discovery_namespaces = ["estuary.io/test=watched"]
 			return e != nil && e.Labels["version"] == "v2"
 		}},
 		{"node locality", func() {
-			k.updateNode("n1", func(n *corev1.Node) { n.Labels[labelZone] = "eu-2" })
+			k.updateNode("n1", func(n *corev1.Node) { n.Labels[corev1.LabelTopologyZone] = "eu-2" })
 		}, func(in *sdktest.Instance) bool {
 			e := findEndpoint(in, echoHost, "10.10.0.1")
 			return e != nil && e.Locality == sdk.Locality{Region: "eu", Zone: "eu-2", Subzone: "rack1"}
 		}},
 		{"system namespace network", func() {
-			k.namespaceNamed("istio-system", map[string]string{labelNetwork: "net-sys"})
+			k.namespaceNamed("istio-system", map[string]string{istio.LabelNetwork: "net-sys"})
 		}, func(in *sdktest.Instance) bool {
 			e1, e2 := findEndpoint(in, echoHost, "10.10.0.1"), findEndpoint(in, echoHost, "10.10.0.2")
 			return in.Properties.DefaultNetwork == "net-sys" && e1 != nil && e1.Network == "net-sys" && e2 != nil && e2.Network == "net-pod"
@@ -292,7 +293,7 @@ func TestReconfigure(t *testing.T) {
 		return nil
 	})
 
-	diags := rec.configure(t, config("c1", "n1")+"remote_sync_timeout = \"soon\"\n", mesh)
+	diags := rec.configure(t, config("c1", "n1")+"remote_sync_timeout = \"-1s\"\n", mesh)
 	if !diags.HasErrors() || !slices.Equal(diags[0].Path, []string{"remote_sync_timeout"}) {
 		t.Errorf("bad config: diagnostics %+v, want an error at remote_sync_timeout", diags)
 	}

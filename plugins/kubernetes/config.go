@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,32 +27,32 @@ const (
 )
 
 var schema = &sdk.Schema{Attributes: []sdk.Attribute{
-	{Name: "kubeconfig", Type: "string", Description: "path of the primary cluster's kubeconfig; empty means in-cluster"},
-	{Name: "context", Type: "string", Description: "kubeconfig context of the primary cluster; empty means the current one"},
+	{Name: "kubeconfig", Type: "string", Description: "path of the primary cluster's kubeconfig; unset: $KUBECONFIG or ~/.kube/config, else the in-cluster config, as kubectl finds them"},
+	{Name: "context", Type: "string", Description: "kubeconfig context of the primary cluster; unset means the current one"},
 	{Name: "cluster_id", Type: "string", Description: `the primary cluster's ID; default mesh.cluster_id, else "Kubernetes"`},
 	{Name: "network", Type: "string", Description: "default network of the primary cluster's endpoints; default mesh.network"},
 	{Name: "domain_suffix", Type: "string", Description: `DNS suffix of service host names; default mesh.domain_suffix, else "cluster.local"`},
 	{Name: "trust_domain", Type: "string", Description: `trust domain of workload identities (spiffe://TRUST_DOMAIN/ns/NS/sa/SA); default "cluster.local"`},
 	{Name: "secret_namespace", Type: "string", Description: `namespace of remote secrets, and the system namespace whose topology.istio.io/network label names a cluster's network; default "istio-system"`},
 	{Name: "discovery_namespaces", Type: "list(string)", Description: "label selectors; a namespace matching any is watched; empty means all"},
-	{Name: "remote_sync_timeout", Type: "string", Description: `how long readiness waits for a remote cluster, and a rotated kubeconfig, to sync; default "30s"`},
+	{Name: "remote_sync_timeout", Type: sdk.TypeDuration, Description: `how long readiness waits for a remote cluster, and a rotated kubeconfig, to sync; default "30s"`},
 	{Name: "allow_kubeconfig_options", Type: "list(string)", Description: "kubeconfig features remote secrets may use: " + strings.Join(kubeconfigOptions, ", ")},
 	{Name: "allowed_servers", Type: "list(string)", Description: "CIDRs or host names (*.example.com) remote API servers must be in; empty means any"},
 }}
 
 // config is the decoded config block; unset attributes are nil.
 type config struct {
-	Kubeconfig             *string  `json:"kubeconfig"`
-	Context                *string  `json:"context"`
-	ClusterID              *string  `json:"cluster_id"`
-	Network                *string  `json:"network"`
-	DomainSuffix           *string  `json:"domain_suffix"`
-	TrustDomain            *string  `json:"trust_domain"`
-	SecretNamespace        *string  `json:"secret_namespace"`
-	DiscoveryNamespaces    []string `json:"discovery_namespaces"`
-	RemoteSyncTimeout      *string  `json:"remote_sync_timeout"`
-	AllowKubeconfigOptions []string `json:"allow_kubeconfig_options"`
-	AllowedServers         []string `json:"allowed_servers"`
+	Kubeconfig             *string       `json:"kubeconfig"`
+	Context                *string       `json:"context"`
+	ClusterID              *string       `json:"cluster_id"`
+	Network                *string       `json:"network"`
+	DomainSuffix           *string       `json:"domain_suffix"`
+	TrustDomain            *string       `json:"trust_domain"`
+	SecretNamespace        *string       `json:"secret_namespace"`
+	DiscoveryNamespaces    []string      `json:"discovery_namespaces"`
+	RemoteSyncTimeout      *sdk.Duration `json:"remote_sync_timeout"`
+	AllowKubeconfigOptions []string      `json:"allow_kubeconfig_options"`
+	AllowedServers         []string      `json:"allowed_servers"`
 }
 
 // options is a validated config with defaults applied.
@@ -73,13 +72,13 @@ type options struct {
 func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
 	o := &options{
-		kubeconfig:        deref(cfg.Kubeconfig),
-		context:           deref(cfg.Context),
-		clusterID:         cmp.Or(deref(cfg.ClusterID), mesh.ClusterID, defaultClusterID),
-		network:           cmp.Or(deref(cfg.Network), mesh.Network),
-		domainSuffix:      strings.Trim(cmp.Or(deref(cfg.DomainSuffix), mesh.DomainSuffix, defaultDomainSuffix), "."),
-		trustDomain:       cmp.Or(deref(cfg.TrustDomain), defaultTrustDomain),
-		systemNamespace:   cmp.Or(deref(cfg.SecretNamespace), defaultSecretNamespace),
+		kubeconfig:        sdk.ValueOr(cfg.Kubeconfig, ""),
+		context:           sdk.ValueOr(cfg.Context, ""),
+		clusterID:         cmp.Or(sdk.ValueOr(cfg.ClusterID, ""), mesh.ClusterID, defaultClusterID),
+		network:           cmp.Or(sdk.ValueOr(cfg.Network, ""), mesh.Network),
+		domainSuffix:      strings.Trim(cmp.Or(sdk.ValueOr(cfg.DomainSuffix, ""), mesh.DomainSuffix, defaultDomainSuffix), "."),
+		trustDomain:       cmp.Or(sdk.ValueOr(cfg.TrustDomain, ""), defaultTrustDomain),
+		systemNamespace:   cmp.Or(sdk.ValueOr(cfg.SecretNamespace, ""), defaultSecretNamespace),
 		remoteSyncTimeout: defaultRemoteSyncTimeout,
 		policy:            kubeconfigPolicy{allowed: map[string]bool{}},
 	}
@@ -91,9 +90,6 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 	}
 	if msgs := validation.IsDNS1123Label(o.systemNamespace); len(msgs) > 0 {
 		diags.Errorf([]string{"secret_namespace"}, "secret_namespace %q is not a namespace name: %s", o.systemNamespace, strings.Join(msgs, "; "))
-	}
-	if o.context != "" && o.kubeconfig == "" {
-		diags.Errorf([]string{"context"}, "context %q needs a kubeconfig; without one the plugin uses the in-cluster config", o.context)
 	}
 	for i, s := range cfg.DiscoveryNamespaces {
 		sel, err := labels.Parse(s)
@@ -108,10 +104,7 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 		o.discovery = append(o.discovery, sel)
 	}
 	if cfg.RemoteSyncTimeout != nil {
-		d, err := time.ParseDuration(*cfg.RemoteSyncTimeout)
-		switch {
-		case err != nil:
-			diags.Errorf([]string{"remote_sync_timeout"}, "remote_sync_timeout %q is not a duration such as \"30s\": %v", *cfg.RemoteSyncTimeout, err)
+		switch d := cfg.RemoteSyncTimeout.Duration; {
 		case d <= 0:
 			diags.Errorf([]string{"remote_sync_timeout"}, "remote_sync_timeout must be positive, not %s", d)
 		default:
@@ -137,46 +130,52 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 	return o, diags
 }
 
-// primaryConfig loads the primary cluster's client config: the kubeconfig
-// file (with its context) or the in-cluster config. It also returns a
-// digest of the file, so that a reconfigure notices a changed file.
+// primaryConfig loads the primary cluster's client config as kubectl finds
+// it, with client-go's own loading rules: the kubeconfig file if one is
+// set; else $KUBECONFIG or ~/.kube/config; else, in a pod, the in-cluster
+// config. The serviceentry plugin follows the same rule. It also returns
+// a digest of the loaded kubeconfig, so that a reconfigure notices a
+// changed file (zero for the in-cluster config).
 func primaryConfig(o *options) (*rest.Config, [32]byte, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
-	if o.kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			diags.Errorf([]string{"kubeconfig"}, "no kubeconfig given and not running in a cluster: %v", err)
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.kubeconfig
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
+	raw, err := loader.RawConfig()
+	if err != nil {
+		diags.Errorf([]string{"kubeconfig"}, "load kubeconfig: %v", err)
+		return nil, [32]byte{}, diags
+	}
+	if o.context != "" && raw.Contexts[o.context] == nil {
+		diags.Errorf([]string{"context"}, "kubeconfig %s has no context %q", kubeconfigFiles(rules), o.context)
+		return nil, [32]byte{}, diags
+	}
+	rc, err := loader.ClientConfig()
+	if err != nil {
+		if o.kubeconfig == "" && clientcmd.IsEmptyConfig(err) {
+			diags.Errorf([]string{"kubeconfig"}, "no kubeconfig set, none at $KUBECONFIG or ~/.kube/config, and not running in a cluster")
+		} else {
+			diags.Errorf([]string{"kubeconfig"}, "kubeconfig %s: %v", kubeconfigFiles(rules), err)
 		}
-		return rc, [32]byte{}, diags
-	}
-	data, err := os.ReadFile(o.kubeconfig)
-	if err != nil {
-		diags.Errorf([]string{"kubeconfig"}, "read kubeconfig: %v", err)
 		return nil, [32]byte{}, diags
 	}
-	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: o.kubeconfig}
-	kc, err := rules.Load()
-	if err != nil {
-		diags.Errorf([]string{"kubeconfig"}, "load kubeconfig %s: %v", o.kubeconfig, err)
-		return nil, [32]byte{}, diags
+	var digest [32]byte
+	if len(raw.Clusters) > 0 {
+		// The files' content, merged: a rotated token or certificate
+		// changes it. It stays in memory; only its hash is kept.
+		if data, err := clientcmd.Write(raw); err == nil {
+			digest = sha256.Sum256(data)
+		}
 	}
-	if o.context != "" && kc.Contexts[o.context] == nil {
-		diags.Errorf([]string{"context"}, "kubeconfig %s has no context %q", o.kubeconfig, o.context)
-		return nil, [32]byte{}, diags
-	}
-	rc, err := clientcmd.NewNonInteractiveClientConfig(*kc, o.context, &clientcmd.ConfigOverrides{}, rules).ClientConfig()
-	if err != nil {
-		diags.Errorf([]string{"kubeconfig"}, "kubeconfig %s: %v", o.kubeconfig, err)
-		return nil, [32]byte{}, diags
-	}
-	return rc, sha256.Sum256(data), diags
+	return rc, digest, diags
 }
 
-func deref(p *string) string {
-	if p == nil {
-		return ""
+// kubeconfigFiles names the files the loading rules read, for messages.
+func kubeconfigFiles(rules *clientcmd.ClientConfigLoadingRules) string {
+	if rules.ExplicitPath != "" {
+		return rules.ExplicitPath
 	}
-	return *p
+	return strings.Join(rules.GetLoadingPrecedence(), ":")
 }
 
 // configKey identifies a configuration: Configure with the same key again

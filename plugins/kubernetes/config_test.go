@@ -1,12 +1,15 @@
 package kubernetes
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/configschema"
@@ -76,7 +79,6 @@ func TestConfigValidation(t *testing.T) {
 		wantPath  []string
 		wantMsg   string
 	}{
-		{"bad duration", `remote_sync_timeout = "30"`, []string{"remote_sync_timeout"}, `is not a duration such as "30s"`},
 		{"negative duration", `remote_sync_timeout = "-1s"`, []string{"remote_sync_timeout"}, "must be positive"},
 		{"bad selector", `discovery_namespaces = ["env=prod", "env in prod"]`, []string{"discovery_namespaces", "1"}, "is not a label selector"},
 		{"empty selector", `discovery_namespaces = [""]`, []string{"discovery_namespaces", "0"}, "leave the list empty"},
@@ -85,7 +87,6 @@ func TestConfigValidation(t *testing.T) {
 		{"empty cluster id", `cluster_id = ""`, []string{"cluster_id"}, "must not be empty"},
 		{"bad secret namespace", `secret_namespace = "Istio_System"`, []string{"secret_namespace"}, "is not a namespace name"},
 		{"bad domain suffix", `domain_suffix = "cluster local"`, []string{"domain_suffix"}, "is not a DNS name"},
-		{"context without kubeconfig", `context = "prod"`, []string{"context"}, "needs a kubeconfig"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,21 +107,30 @@ func TestPrimaryConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte(kubeconfigYAML(okCluster, okUser)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An unset kubeconfig is found as kubectl finds it (client-go's
+	// loading rules): $KUBECONFIG, else ~/.kube/config, else in-cluster.
+	// The in-cluster case needs a pod's service account and is not run.
 	tests := []struct {
-		name              string
-		kubeconfig, kctx  string
-		wantPath          []string
-		wantMsg, wantHost string
+		name                   string
+		kubeconfig, kctx       string
+		envKubeconfig, homeCfg string
+		wantPath               []string
+		wantMsg, wantHost      string
 	}{
 		{name: "file", kubeconfig: path, wantHost: "https://10.20.0.1:6443"},
 		{name: "file and context", kubeconfig: path, kctx: "c2", wantHost: "https://10.20.0.1:6443"},
 		{name: "missing context", kubeconfig: path, kctx: "prod", wantPath: []string{"context"}, wantMsg: `has no context "prod"`},
 		{name: "missing file", kubeconfig: filepath.Join(dir, "nope"), wantPath: []string{"kubeconfig"}, wantMsg: "no such file"},
+		{name: "$KUBECONFIG", envKubeconfig: path, wantHost: "https://10.20.0.1:6443"},
+		{name: "~/.kube/config with a context", homeCfg: path, kctx: "c2", wantHost: "https://10.20.0.1:6443"},
 		{name: "not in a cluster", wantPath: []string{"kubeconfig"}, wantMsg: "not running in a cluster"},
 	}
+	defer func(saved string) { clientcmd.RecommendedHomeFile = saved }(clientcmd.RecommendedHomeFile)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
+			t.Setenv("KUBECONFIG", tt.envKubeconfig)
+			clientcmd.RecommendedHomeFile = cmp.Or(tt.homeCfg, filepath.Join(dir, "no-home-config"))
 			rc, digest, diags := primaryConfig(&options{kubeconfig: tt.kubeconfig, context: tt.kctx})
 			if tt.wantMsg == "" {
 				if diags.HasErrors() {
@@ -135,5 +145,14 @@ func TestPrimaryConfig(t *testing.T) {
 				t.Errorf("diagnostics %+v, want %q at %v", diags, tt.wantMsg, tt.wantPath)
 			}
 		})
+	}
+}
+
+// TestRemoteSyncTimeoutIsADuration: a malformed remote_sync_timeout is
+// the host's to report, at its position, before the plugin sees it.
+func TestRemoteSyncTimeoutIsADuration(t *testing.T) {
+	_, diags := configschema.ParseHCL("plugins.hcl", []byte("cluster_id = \"c1\"\nremote_sync_timeout = \"30\"\n"), schema)
+	if len(diags) != 1 || diags[0].Subject.Start.Line != 2 || !strings.Contains(diags[0].Detail, `"30" is not a duration`) {
+		t.Errorf("diagnostics = %v, want one at line 2", diags)
 	}
 }

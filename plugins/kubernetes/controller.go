@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // controller runs one configuration of the plugin: the primary cluster, and
@@ -37,10 +38,12 @@ type controller struct {
 	secretInf     cache.SharedIndexInformer
 	queue         workqueue.TypedInterface[string] // secret keys, "namespace/name"
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{} // closed when run returns
-	wg     sync.WaitGroup
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when run returns
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	gone     chan struct{} // closed when stop has torn everything down
 
 	mu      sync.Mutex
 	stopped bool
@@ -66,6 +69,7 @@ func newController(ctx context.Context, opts *options, rc *rest.Config, state *s
 		state:   state,
 		log:     log,
 		done:    make(chan struct{}),
+		gone:    make(chan struct{}),
 		members: map[string]*member{},
 		notices: map[string][]sdk.Notice{},
 		queue:   workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{}),
@@ -78,7 +82,7 @@ func newController(ctx context.Context, opts *options, rc *rest.Config, state *s
 	c.primary = primary
 	c.secretFactory = informers.NewSharedInformerFactoryWithOptions(primary.client, 0,
 		informers.WithNamespace(opts.systemNamespace),
-		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = labelMultiCluster + "=true" }))
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = istio.LabelMultiCluster + "=true" }))
 	c.secretInf = c.secretFactory.Core().V1().Secrets().Informer()
 	if err := c.secretInf.SetTransform(transformSecret); err != nil {
 		return nil, err
@@ -111,9 +115,25 @@ func (c *controller) start(inherited []string) {
 	go c.run(inherited)
 }
 
-// stop stops every cluster. It removes no instance: a new configuration
-// takes them over, or the plugin is shutting down.
-func (c *controller) stop() {
+// stop stops every cluster, waiting no longer than ctx: the teardown goes
+// on, and a later stop waits for the same one. It removes no instance: a
+// new configuration takes them over, or the plugin is shutting down.
+func (c *controller) stop(ctx context.Context) error {
+	c.stopOnce.Do(func() {
+		go func() {
+			defer close(c.gone)
+			c.teardown()
+		}()
+	})
+	select {
+	case <-c.gone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *controller) teardown() {
 	c.cancel()
 	c.queue.ShutDown()
 	c.secretFactory.Shutdown()

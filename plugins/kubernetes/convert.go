@@ -10,19 +10,12 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
-// Well-known labels and annotations read from Kubernetes objects.
-const (
-	labelNetwork      = "topology.istio.io/network"
-	labelSubzone      = "topology.istio.io/subzone"
-	labelRegion       = "topology.kubernetes.io/region"
-	labelZone         = "topology.kubernetes.io/zone"
-	labelTLSMode      = "security.istio.io/tlsMode"
-	labelServiceName  = discoveryv1.LabelServiceName // on EndpointSlices
-	annotationExport  = "networking.istio.io/exportTo"
-	labelMultiCluster = "istio/multiCluster"
-)
+// labelServiceName names an EndpointSlice's service. Istio's labels and
+// annotations are in sdk/istio, Kubernetes' topology labels in corev1.
+const labelServiceName = discoveryv1.LabelServiceName
 
 // converter turns one cluster's Kubernetes objects into SDK values. It is
 // used by one goroutine at a time (the cluster's worker).
@@ -50,7 +43,7 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 		Namespace: svc.Namespace,
 		Name:      svc.Name,
 		Labels:    svc.Labels,
-		ExportTo:  exportTo(svc.Annotations[annotationExport]),
+		ExportTo:  exportTo(svc.Annotations[istio.AnnotationExportTo]),
 	}
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol == corev1.ProtocolSCTP {
@@ -148,54 +141,11 @@ func exportTo(v string) []string {
 	return out
 }
 
-// Protocols in Istio's spelling, by lower-case name.
-var protocols = map[string]string{
-	"tcp":        "TCP",
-	"udp":        "UDP",
-	"grpc":       "GRPC",
-	"grpc-web":   "GRPC-Web",
-	"http":       "HTTP",
-	"http_proxy": "HTTP_PROXY",
-	"http2":      "HTTP2",
-	"https":      "HTTPS",
-	"tls":        "TLS",
-	"mongo":      "Mongo",
-	"redis":      "Redis",
-	"mysql":      "MySQL",
-}
-
-// Application protocols Kubernetes itself defines (KEP-3726).
-var kubeAppProtocols = map[string]string{
-	"kubernetes.io/h2c": "HTTP2",
-	"kubernetes.io/ws":  "HTTP",
-	"kubernetes.io/wss": "HTTPS",
-}
-
-// protocol picks a service port's protocol: UDP ports are UDP; otherwise
-// appProtocol names it, else the port name's prefix before the first '-'
-// ("http-web" is HTTP, "grpc-web-x" is GRPC-Web); anything unknown is TCP.
+// protocol is Istio's choice of a service port's protocol
+// (kube.ConvertProtocol: UDP ports, appProtocol, the port name's prefix,
+// well-known ports); a port Istio would sniff is reported as TCP.
 func protocol(p corev1.ServicePort) string {
-	if p.Protocol == corev1.ProtocolUDP {
-		return "UDP"
-	}
-	name := p.Name
-	if p.AppProtocol != nil && *p.AppProtocol != "" {
-		if v, ok := kubeAppProtocols[*p.AppProtocol]; ok {
-			return v
-		}
-		name = *p.AppProtocol
-	}
-	name = strings.ToLower(name)
-	if strings.HasPrefix(name, "grpc-web") {
-		return "GRPC-Web"
-	}
-	if i := strings.IndexByte(name, '-'); i >= 0 {
-		name = name[:i]
-	}
-	if v, ok := protocols[name]; ok {
-		return v
-	}
-	return "TCP"
+	return string(istio.ServicePort{Name: p.Name, Number: uint32(p.Port), Transport: string(p.Protocol), AppProtocol: p.AppProtocol}.Protocol().OrTCP())
 }
 
 // objects is what endpoint conversion reads from a cluster's caches.
@@ -277,10 +227,10 @@ func (c *converter) endpoint(namespace, addr string, ports map[string]uint32, e 
 	}
 	if pod != nil {
 		ep.Labels = pod.Labels // shared with the cache, never modified
-		if n := pod.Labels[labelNetwork]; n != "" {
+		if n := pod.Labels[istio.LabelNetwork]; n != "" {
 			ep.Network = n
 		}
-		if pod.Labels[labelTLSMode] == "istio" {
+		if pod.Labels[istio.LabelTLSMode] == istio.TLSModeIstio {
 			ep.TLSMode = sdk.TLSModeIstio
 		}
 		ep.ServiceAccount = c.identity(pod.Namespace, pod.ServiceAccount)
@@ -312,7 +262,7 @@ func (c *converter) identity(namespace, account string) string {
 }
 
 func nodeLocality(n *corev1.Node) sdk.Locality {
-	return sdk.Locality{Region: n.Labels[labelRegion], Zone: n.Labels[labelZone], Subzone: n.Labels[labelSubzone]}
+	return sdk.Locality{Region: n.Labels[corev1.LabelTopologyRegion], Zone: n.Labels[corev1.LabelTopologyZone], Subzone: n.Labels[istio.LabelSubzone]}
 }
 
 // targetPorts maps the service's port names to the slice's port numbers.

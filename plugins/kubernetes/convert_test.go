@@ -10,13 +10,14 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 func TestProtocol(t *testing.T) {
 	tests := []struct {
-		name        string
-		port        corev1.ServicePort
-		wantProtcol string
+		name         string
+		port         corev1.ServicePort
+		wantProtocol string
 	}{
 		{"http prefix", corev1.ServicePort{Name: "http-web"}, "HTTP"},
 		{"bare name", corev1.ServicePort{Name: "grpc"}, "GRPC"},
@@ -33,13 +34,15 @@ func TestProtocol(t *testing.T) {
 		{"appProtocol wins over the name", corev1.ServicePort{Name: "http-x", AppProtocol: ptr.To("grpc")}, "GRPC"},
 		{"appProtocol h2c", corev1.ServicePort{Name: "web", AppProtocol: ptr.To("kubernetes.io/h2c")}, "HTTP2"},
 		{"appProtocol wss", corev1.ServicePort{AppProtocol: ptr.To("kubernetes.io/wss")}, "HTTPS"},
-		{"empty appProtocol falls back to the name", corev1.ServicePort{Name: "http", AppProtocol: ptr.To("")}, "HTTP"},
+		{"a set appProtocol replaces the name, as in Istio", corev1.ServicePort{Name: "http", AppProtocol: ptr.To("")}, "TCP"},
+		{"well-known port", corev1.ServicePort{Name: "db", Port: 3306}, "TCP"},
+		{"http_proxy", corev1.ServicePort{Name: "http_proxy"}, "HTTP_PROXY"},
 		{"UDP whatever the name", corev1.ServicePort{Name: "http-dns", Protocol: corev1.ProtocolUDP}, "UDP"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := protocol(tt.port); got != tt.wantProtcol {
-				t.Errorf("protocol(%+v) = %q, want %q", tt.port, got, tt.wantProtcol)
+			if got := protocol(tt.port); got != tt.wantProtocol {
+				t.Errorf("protocol(%+v) = %q, want %q", tt.port, got, tt.wantProtocol)
 			}
 		})
 	}
@@ -103,7 +106,7 @@ func TestConvertService(t *testing.T) {
 		{"node port with export and SCTP", svcObj("np", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.Ports = []corev1.ServicePort{{Name: "tcp", Port: 5000, NodePort: 31000}, {Name: "sig", Port: 2905, Protocol: corev1.ProtocolSCTP}}
-			s.Annotations = map[string]string{annotationExport: ". , istio-system"}
+			s.Annotations = map[string]string{istio.AnnotationExportTo: ". , istio-system"}
 		}), &sdk.Service{
 			Hostname: "np.ns1.svc.example.local", Namespace: "ns1", Name: "np",
 			Ports:     []sdk.Port{{Name: "tcp", Number: 5000, Protocol: "TCP"}},
@@ -201,13 +204,13 @@ func sliceObj(name string, ports map[string]int32, eps ...epSpec) *discoveryv1.E
 func TestConvertEndpoints(t *testing.T) {
 	objs := &fakeObjects{
 		pods: map[string]*podInfo{
-			"ns1/p1": podObj("p1", map[string]string{"app": "a", "version": "v1", labelTLSMode: "istio"}, "n1", "reader"),
-			"ns1/p2": podObj("p2", map[string]string{"app": "a", labelNetwork: "net-pod"}, "n2", ""),
+			"ns1/p1": podObj("p1", map[string]string{"app": "a", "version": "v1", istio.LabelTLSMode: "istio"}, "n1", "reader"),
+			"ns1/p2": podObj("p2", map[string]string{"app": "a", istio.LabelNetwork: "net-pod"}, "n2", ""),
 			"ns1/p3": podObj("p3", map[string]string{"app": "a"}, "n1", "reader"),
 		},
 		nodes: map[string]*corev1.Node{
-			"n1": nodeObj("n1", map[string]string{labelRegion: "eu", labelZone: "eu-1", labelSubzone: "rack7"}),
-			"n2": nodeObj("n2", map[string]string{labelRegion: "us", labelZone: "us-2"}),
+			"n1": nodeObj("n1", map[string]string{corev1.LabelTopologyRegion: "eu", corev1.LabelTopologyZone: "eu-1", istio.LabelSubzone: "rack7"}),
+			"n2": nodeObj("n2", map[string]string{corev1.LabelTopologyRegion: "us", corev1.LabelTopologyZone: "us-2"}),
 		},
 	}
 	ports := map[string]uint32{"http": 8080, "grpc-api": 9000}

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"maps"
 	"slices"
 
@@ -53,7 +54,7 @@ func (c *cluster) onService(oldObj, curObj any) {
 		return
 	}
 	c.enqueueService(some.Namespace, some.Name)
-	if (old != nil && old.Labels[labelNetwork] != "") || (cur != nil && cur.Labels[labelNetwork] != "") {
+	if (old != nil && old.Labels[istio.LabelNetwork] != "") || (cur != nil && cur.Labels[istio.LabelNetwork] != "") {
 		c.enqueue(workItem{kind: itemGateways})
 	}
 }
@@ -74,7 +75,7 @@ func (c *cluster) onSlice(oldObj, curObj any) {
 		}
 		name := s.Labels[labelServiceName]
 		c.enqueueService(s.Namespace, name)
-		if o, ok, _ := c.serviceInf.GetIndexer().GetByKey(s.Namespace + "/" + name); ok && o.(*corev1.Service).Labels[labelNetwork] != "" {
+		if o, ok, _ := c.serviceInf.GetIndexer().GetByKey(s.Namespace + "/" + name); ok && o.(*corev1.Service).Labels[istio.LabelNetwork] != "" {
 			gateway = true // its endpoints decide which nodes are gateways (externalTrafficPolicy Local)
 		}
 	}
@@ -137,7 +138,7 @@ func (c *cluster) onNamespace(oldObj, curObj any) {
 		if n == nil {
 			return ""
 		}
-		return n.Labels[labelNetwork]
+		return n.Labels[istio.LabelNetwork]
 	}
 	if ns.Name == c.spec.opts.systemNamespace && label(old) != label(cur) {
 		c.enqueue(workItem{kind: itemAll}) // the cluster's network changed

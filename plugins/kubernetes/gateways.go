@@ -15,20 +15,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // Labels and annotations of east-west gateway services.
 const (
-	// labelGatewayPort (label, or annotation) is the gateway's mTLS port.
-	labelGatewayPort = "networking.istio.io/gatewayPort"
-	// annotationNodeSelector selects the nodes of a NodePort gateway, as
-	// JSON: {"label": "value"} or a LabelSelector.
-	annotationNodeSelector = "traffic.istio.io/nodeSelector"
 	// annotationGatewayAddress replaces the discovered addresses: a comma
 	// separated list of IPs or host names, each optionally with ":port".
 	annotationGatewayAddress = "estuary.io/gateway-address"
-
-	defaultGatewayPort = 15443
 )
 
 // gatewayObjects is what gateway discovery reads from a cluster's caches.
@@ -47,7 +41,7 @@ func gateways(cluster string, svcs []*corev1.Service, objs gatewayObjects) ([]sd
 	var gws []sdk.NetworkGateway
 	var notices []sdk.Notice
 	for _, svc := range svcs {
-		network := svc.Labels[labelNetwork]
+		network := svc.Labels[istio.LabelNetwork]
 		if network == "" {
 			continue
 		}
@@ -88,12 +82,12 @@ func (g *gatewayBuilder) build(objs gatewayObjects) {
 	for _, a := range externalAddresses(svc) {
 		g.add(a, port, sdk.Locality{})
 	}
-	sel, hasSel := svc.Annotations[annotationNodeSelector]
+	sel, hasSel := svc.Annotations[istio.AnnotationNodeSelector]
 	switch {
 	case hasSel && svc.Spec.Type == corev1.ServiceTypeNodePort:
 		g.nodeGateways(sel, port, objs)
 	case hasSel:
-		g.notice("%s ignored: the service's type is %s, not NodePort", annotationNodeSelector, svc.Spec.Type)
+		g.notice("%s ignored: the service's type is %s, not NodePort", istio.AnnotationNodeSelector, svc.Spec.Type)
 	}
 	if len(g.gws) == 0 {
 		switch svc.Spec.Type {
@@ -101,7 +95,7 @@ func (g *gatewayBuilder) build(objs gatewayObjects) {
 			g.notice("no gateway address: the LoadBalancer has no ingress yet and the service has no externalIPs")
 		case corev1.ServiceTypeNodePort:
 			if !hasSel {
-				g.notice("no gateway address: a NodePort gateway needs the %s annotation or externalIPs", annotationNodeSelector)
+				g.notice("no gateway address: a NodePort gateway needs the %s annotation or externalIPs", istio.AnnotationNodeSelector)
 			}
 		default:
 			g.notice("no gateway address: the service is of type %s without externalIPs", svc.Spec.Type)
@@ -112,17 +106,17 @@ func (g *gatewayBuilder) build(objs gatewayObjects) {
 // port is the gateway's port: networking.istio.io/gatewayPort as a label,
 // else as an annotation, else 15443.
 func (g *gatewayBuilder) port() uint32 {
-	v, ok := g.svc.Labels[labelGatewayPort]
+	v, ok := g.svc.Labels[istio.LabelGatewayPort]
 	if !ok {
-		v, ok = g.svc.Annotations[labelGatewayPort]
+		v, ok = g.svc.Annotations[istio.LabelGatewayPort]
 	}
 	if !ok {
-		return defaultGatewayPort
+		return istio.DefaultGatewayPort
 	}
 	n, err := strconv.ParseUint(v, 10, 16)
 	if err != nil || n == 0 {
-		g.notice("%s %q is not a port number; using %d", labelGatewayPort, v, defaultGatewayPort)
-		return defaultGatewayPort
+		g.notice("%s %q is not a port number; using %d", istio.LabelGatewayPort, v, istio.DefaultGatewayPort)
+		return istio.DefaultGatewayPort
 	}
 	return uint32(n)
 }
@@ -144,8 +138,8 @@ func (g *gatewayBuilder) override(v string, port uint32) {
 	for _, a := range externalAddresses(g.svc) {
 		g.notice("address %s dropped: replaced by the %s annotation", a, annotationGatewayAddress)
 	}
-	if _, ok := g.svc.Annotations[annotationNodeSelector]; ok {
-		g.notice("%s ignored: replaced by the %s annotation", annotationNodeSelector, annotationGatewayAddress)
+	if _, ok := g.svc.Annotations[istio.AnnotationNodeSelector]; ok {
+		g.notice("%s ignored: replaced by the %s annotation", istio.AnnotationNodeSelector, annotationGatewayAddress)
 	}
 	if len(g.gws) == 0 {
 		g.notice("no gateway address: %s lists none that is valid", annotationGatewayAddress)
@@ -181,7 +175,7 @@ func splitGatewayAddress(s string, defPort uint32) (string, uint32, error) {
 func (g *gatewayBuilder) nodeGateways(selector string, port uint32, objs gatewayObjects) {
 	sel, err := parseNodeSelector(selector)
 	if err != nil {
-		g.notice("%s: %v", annotationNodeSelector, err)
+		g.notice("%s: %v", istio.AnnotationNodeSelector, err)
 		return
 	}
 	var nodePort uint32
@@ -191,7 +185,7 @@ func (g *gatewayBuilder) nodeGateways(selector string, port uint32, objs gateway
 		}
 	}
 	if nodePort == 0 {
-		g.notice("no node gateways: the service has no port %d (%s) with a node port", port, labelGatewayPort)
+		g.notice("no node gateways: the service has no port %d (%s) with a node port", port, istio.LabelGatewayPort)
 		return
 	}
 	local := g.svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
@@ -221,7 +215,7 @@ func (g *gatewayBuilder) nodeGateways(selector string, port uint32, objs gateway
 		}
 	}
 	if matched == 0 {
-		g.notice("no node gateways: no node matches %s %s", annotationNodeSelector, selector)
+		g.notice("no node gateways: no node matches %s %s", istio.AnnotationNodeSelector, selector)
 	}
 }
 

@@ -11,13 +11,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"github.com/estuary-mesh/estuary/sdk/sdktest"
 	"github.com/estuary-mesh/estuary/testbed"
 )
 
 func gatewaySvc(mutate func(*corev1.Service)) *corev1.Service {
 	s := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "eastwest", Namespace: "istio-system", Labels: map[string]string{labelNetwork: "net1"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "eastwest", Namespace: "istio-system", Labels: map[string]string{istio.LabelNetwork: "net1"}},
 		Spec: corev1.ServiceSpec{
 			Type:      corev1.ServiceTypeLoadBalancer,
 			ClusterIP: "10.96.0.20",
@@ -31,7 +32,7 @@ func gatewaySvc(mutate func(*corev1.Service)) *corev1.Service {
 func nodePortGateway(selector string, local bool) func(*corev1.Service) {
 	return func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
-		s.Annotations = map[string]string{annotationNodeSelector: selector}
+		s.Annotations = map[string]string{istio.AnnotationNodeSelector: selector}
 		if local {
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		}
@@ -41,10 +42,10 @@ func nodePortGateway(selector string, local bool) func(*corev1.Service) {
 func TestGateways(t *testing.T) {
 	objs := fakeGatewayObjects{&fakeObjects{
 		nodes: map[string]*corev1.Node{
-			"n1": nodeObj("n1", map[string]string{"gw": "yes", labelRegion: "eu", labelZone: "eu-1"}, "203.0.113.1"),
+			"n1": nodeObj("n1", map[string]string{"gw": "yes", corev1.LabelTopologyRegion: "eu", corev1.LabelTopologyZone: "eu-1"}, "203.0.113.1"),
 			"n2": nodeObj("n2", map[string]string{"gw": "yes"}),
 			"n3": nodeObj("n3", map[string]string{"gw": "no"}, "203.0.113.3"),
-			"n4": nodeObj("n4", map[string]string{"gw": "yes", labelRegion: "us"}, "203.0.113.4"),
+			"n4": nodeObj("n4", map[string]string{"gw": "yes", corev1.LabelTopologyRegion: "us"}, "203.0.113.4"),
 		},
 		ready: map[string]bool{"n1": true},
 	}}
@@ -81,7 +82,7 @@ func TestGateways(t *testing.T) {
 			svc: gatewaySvc(func(s *corev1.Service) {
 				s.Spec.Type = corev1.ServiceTypeClusterIP
 				s.Spec.ExternalIPs = []string{"192.0.2.10", "192.0.2.11"}
-				s.Labels[labelGatewayPort] = "16443"
+				s.Labels[istio.LabelGatewayPort] = "16443"
 			}),
 			want: []sdk.NetworkGateway{
 				{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 16443},
@@ -92,7 +93,7 @@ func TestGateways(t *testing.T) {
 			name: "gatewayPort as annotation",
 			svc: gatewaySvc(func(s *corev1.Service) {
 				s.Spec.ExternalIPs = []string{"192.0.2.10"}
-				s.Annotations = map[string]string{labelGatewayPort: "8443"}
+				s.Annotations = map[string]string{istio.LabelGatewayPort: "8443"}
 			}),
 			want: []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 8443}},
 		},
@@ -100,7 +101,7 @@ func TestGateways(t *testing.T) {
 			name: "bad gatewayPort falls back to 15443",
 			svc: gatewaySvc(func(s *corev1.Service) {
 				s.Spec.ExternalIPs = []string{"192.0.2.10"}
-				s.Labels[labelGatewayPort] = "tls"
+				s.Labels[istio.LabelGatewayPort] = "tls"
 			}),
 			want:        []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "192.0.2.10", Port: 15443}},
 			wantNotices: []string{`networking.istio.io/gatewayPort "tls" is not a port number`},
@@ -127,7 +128,7 @@ func TestGateways(t *testing.T) {
 			name: "node port with a LabelSelector and a custom port",
 			svc: gatewaySvc(func(s *corev1.Service) {
 				nodePortGateway(`{"matchExpressions": [{"key": "gw", "operator": "In", "values": ["no"]}]}`, false)(s)
-				s.Labels[labelGatewayPort] = "16443"
+				s.Labels[istio.LabelGatewayPort] = "16443"
 			}),
 			want: []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "203.0.113.3", Port: 31644}},
 		},
@@ -145,7 +146,7 @@ func TestGateways(t *testing.T) {
 			name: "node port gateway port without node port",
 			svc: gatewaySvc(func(s *corev1.Service) {
 				nodePortGateway(`{"gw": "yes"}`, false)(s)
-				s.Labels[labelGatewayPort] = "9999"
+				s.Labels[istio.LabelGatewayPort] = "9999"
 			}),
 			wantNotices: []string{"the service has no port 9999"},
 		},
@@ -169,7 +170,7 @@ func TestGateways(t *testing.T) {
 		{
 			name: "node selector on a load balancer is ignored",
 			svc: gatewaySvc(func(s *corev1.Service) {
-				s.Annotations = map[string]string{annotationNodeSelector: `{}`}
+				s.Annotations = map[string]string{istio.AnnotationNodeSelector: `{}`}
 				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
 			}),
 			want:        []sdk.NetworkGateway{{Network: "net1", Cluster: "c1", Address: "198.51.100.1", Port: 15443}},
@@ -217,13 +218,13 @@ func TestGatewayDiscovery(t *testing.T) {
 	tb := testbed.StartKube(t)
 	k := kube{t, tb.Client()}
 	ns := k.namespace("gw", nil)
-	k.node("n1", map[string]string{"gw": "yes", labelRegion: "eu"}, "203.0.113.1")
+	k.node("n1", map[string]string{"gw": "yes", corev1.LabelTopologyRegion: "eu"}, "203.0.113.1")
 	k.node("n2", map[string]string{"gw": "yes"}, "203.0.113.2")
 	k.node("n3", map[string]string{"gw": "yes"})
 	tlsPort := []corev1.ServicePort{{Name: "tls", Port: 15443}}
 	gwService := func(name, network string, typ corev1.ServiceType, mutate func(*corev1.Service)) *corev1.Service {
 		s := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{labelNetwork: network}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{istio.LabelNetwork: network}},
 			Spec:       corev1.ServiceSpec{Type: typ, Ports: slices.Clone(tlsPort)},
 		}
 		if mutate != nil {
@@ -247,14 +248,14 @@ func TestGatewayDiscovery(t *testing.T) {
 	setIngress("lb", corev1.LoadBalancerIngress{IP: "198.51.100.1"})
 	gwService("ext", "net-ext", corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
 		s.Spec.ExternalIPs = []string{"192.0.2.10"}
-		s.Labels[labelGatewayPort] = "16443"
+		s.Labels[istio.LabelGatewayPort] = "16443"
 		s.Spec.Ports = []corev1.ServicePort{{Name: "tls", Port: 16443}}
 	})
 	np := gwService("np", "net-np", corev1.ServiceTypeNodePort, func(s *corev1.Service) {
-		s.Annotations = map[string]string{annotationNodeSelector: `{"gw": "yes"}`}
+		s.Annotations = map[string]string{istio.AnnotationNodeSelector: `{"gw": "yes"}`}
 	})
 	npl := gwService("npl", "net-local", corev1.ServiceTypeNodePort, func(s *corev1.Service) {
-		s.Annotations = map[string]string{annotationNodeSelector: `{"gw": "yes"}`}
+		s.Annotations = map[string]string{istio.AnnotationNodeSelector: `{"gw": "yes"}`}
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	})
 	k.slice(endpointSlice(ns, "npl-1", "npl", map[string]int32{"tls": 15443}, epSpec{addr: "10.30.0.2", node: "n2"}, epSpec{addr: "10.30.0.1", node: "n1", ready: ready(false)}))
@@ -309,7 +310,7 @@ func TestGatewayDiscovery(t *testing.T) {
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "203.0.113.3"}}
 	})
 	k.updateSlice(ns, "npl-1", func(s *discoveryv1.EndpointSlice) { s.Endpoints[1].Conditions.Ready = ready(true) })
-	k.updateService(ns, "lb", func(s *corev1.Service) { delete(s.Labels, labelNetwork) })
+	k.updateService(ns, "lb", func(s *corev1.Service) { delete(s.Labels, istio.LabelNetwork) })
 	waitGateways("gateways after node, endpoint and service changes", []sdk.NetworkGateway{
 		gw("net-ext", "192.0.2.10", 16443, sdk.Locality{}),
 		gw("net-local", "203.0.113.1", nplPort, eu),

@@ -16,6 +16,10 @@ import (
 // requests, plus the notices about single objects (dropped gateways,
 // refused secrets).
 
+// maxNotices bounds the notices of one instance: a secret namespace full of
+// broken secrets must not make every health event huge.
+const maxNotices = 100
+
 // observer reports every API response to the cluster's health tracking.
 type observer struct {
 	next    http.RoundTripper
@@ -106,7 +110,10 @@ func (c *cluster) publishHealthLocked() {
 	case !c.published:
 		h.Message = "syncing with API server " + c.server
 	}
-	h.Notices = slices.Concat(c.extra, c.gwNotices)
+	capped := sdk.NoticeList{Max: maxNotices, Subject: "cluster " + c.id.Cluster}
+	capped.Add(c.extra...)
+	capped.Add(c.gwNotices...)
+	h.Notices = capped.List()
 	if err := c.state.SetHealth(c.id, h); err != nil {
 		c.log.Error("set health", "error", err)
 	}

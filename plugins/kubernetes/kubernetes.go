@@ -24,9 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/estuary-mesh/estuary/sdk"
 )
@@ -36,15 +36,11 @@ const Version = "0.1.0"
 
 // Factory builds the plugin. It runs nothing until Configure.
 func Factory(rt sdk.Runtime) sdk.Plugin {
-	p := &plugin{rt: rt, log: rt.Logger}
+	p := &plugin{rt: rt, log: rt.Logger, turn: semaphore.NewWeighted(1)}
 	if p.log == nil {
 		p.log = hclog.NewNullLogger()
 	}
 	p.log = p.log.With("plugin", "kubernetes")
-	go func() {
-		<-rt.Context.Done()
-		p.shutdown()
-	}()
 	return p
 }
 
@@ -52,13 +48,18 @@ type plugin struct {
 	rt  sdk.Runtime
 	log hclog.Logger
 
-	mu     sync.Mutex
-	closed bool
-	key    string // identity of the running configuration
-	ctrl   *controller
+	// turn admits one Configure (or Stop) at a time. Unlike a mutex, a
+	// caller waiting for it gives up when its context ends, so clusters
+	// that are slow to stop never hold a call beyond the host's deadline.
+	turn *semaphore.Weighted
+	key  string      // identity of the running configuration
+	ctrl *controller // the last started controller, maybe stopping
 }
 
-var _ sdk.Plugin = (*plugin)(nil)
+var (
+	_ sdk.Plugin  = (*plugin)(nil)
+	_ sdk.Stopper = (*plugin)(nil)
+)
 
 var errShutDown = errors.New("plugin is shutting down")
 
@@ -77,7 +78,9 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 // a running plugin, replaces them when the config (or the kubeconfig file)
 // changed. Instances survive a reconfigure: the new clients replace their
 // content once synced, and only clusters no longer configured are removed.
-func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+// If the old clusters have not stopped when ctx ends, Configure returns
+// ctx's error and the next call waits for them again.
+func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg config
 	if err := req.Decode(&cfg); err != nil {
 		return nil, fmt.Errorf("plugin \"kubernetes\": configure: decode config: %w", err)
@@ -93,9 +96,11 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	}
 	key := configKey(req, digest)
 
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return nil, fmt.Errorf("plugin \"kubernetes\": configure: %w", err)
+	}
+	defer p.turn.Release(1)
+	if p.rt.Context.Err() != nil {
 		return nil, fmt.Errorf("plugin \"kubernetes\": configure: %w", errShutDown)
 	}
 	if key == p.key {
@@ -108,7 +113,10 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	}
 	var inherited []string
 	if old := p.ctrl; old != nil {
-		old.stop()
+		if err := old.stop(ctx); err != nil {
+			p.key = "" // the old controller is stopping: never keep it as is
+			return nil, fmt.Errorf("plugin \"kubernetes\": configure: stop the previous clusters: %w", err)
+		}
 		inherited = old.clusterIDs()
 		if old.opts.clusterID != opts.clusterID {
 			p.log.Info("primary cluster ID changed; removing the old instance", "cluster", old.opts.clusterID)
@@ -121,12 +129,15 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 }
 
-func (p *plugin) shutdown() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	if p.ctrl != nil {
-		p.ctrl.stop()
-		p.ctrl = nil
+// Stop stops every cluster; the SDK calls it once the plugin's context
+// has ended.
+func (p *plugin) Stop(ctx context.Context) error {
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return fmt.Errorf("plugin \"kubernetes\": stop: %w", err)
 	}
+	defer p.turn.Release(1)
+	if p.ctrl != nil {
+		return p.ctrl.stop(ctx)
+	}
+	return nil
 }

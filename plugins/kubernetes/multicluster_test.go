@@ -17,6 +17,7 @@ import (
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"github.com/estuary-mesh/estuary/sdk/sdktest"
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -30,7 +31,7 @@ func TestMultiCluster(t *testing.T) {
 	ks := testbed.StartKubes(t, 2)
 	k1, k2 := kube{t, ks[0].Client()}, kube{t, ks[1].Client()}
 	k1.namespaceNamed("istio-system", nil)
-	k2.namespaceNamed("istio-system", map[string]string{labelNetwork: "net2"})
+	k2.namespaceNamed("istio-system", map[string]string{istio.LabelNetwork: "net2"})
 	ns2 := k2.namespace("apps", nil)
 	k2.service(&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns2},

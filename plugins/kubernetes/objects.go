@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -142,7 +143,7 @@ func indexSliceNodes(obj any) ([]string, error) {
 }
 
 func indexGateways(obj any) ([]string, error) {
-	if s, ok := obj.(*corev1.Service); ok && s.Labels[labelNetwork] != "" {
+	if s, ok := obj.(*corev1.Service); ok && s.Labels[istio.LabelNetwork] != "" {
 		return []string{""}, nil
 	}
 	return nil, nil

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"github.com/estuary-mesh/estuary/sdk/istio"
 	"maps"
 	"slices"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 func TestTransforms(t *testing.T) {
 	managed := []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
-	lastApplied := map[string]string{corev1.LastAppliedConfigAnnotation: `{"big": "copy"}`, labelGatewayPort: "16443"}
+	lastApplied := map[string]string{corev1.LastAppliedConfigAnnotation: `{"big": "copy"}`, istio.LabelGatewayPort: "16443"}
 
 	t.Run("pod becomes podInfo", func(t *testing.T) {
 		pod := &corev1.Pod{
@@ -48,30 +49,30 @@ func TestTransforms(t *testing.T) {
 	t.Run("service keeps annotations but not kubectl's copy", func(t *testing.T) {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Annotations: maps.Clone(lastApplied), ManagedFields: managed}}
 		transformService(svc)
-		if svc.ManagedFields != nil || !maps.Equal(svc.Annotations, map[string]string{labelGatewayPort: "16443"}) {
+		if svc.ManagedFields != nil || !maps.Equal(svc.Annotations, map[string]string{istio.LabelGatewayPort: "16443"}) {
 			t.Errorf("service meta = %+v", svc.ObjectMeta)
 		}
 	})
 
 	t.Run("secret keeps only its data", func(t *testing.T) {
 		s := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "s", Labels: map[string]string{labelMultiCluster: "true"}, Annotations: maps.Clone(lastApplied)},
+			ObjectMeta: metav1.ObjectMeta{Name: "s", Labels: map[string]string{istio.LabelMultiCluster: "true"}, Annotations: maps.Clone(lastApplied)},
 			Data:       map[string][]byte{"c2": []byte("kubeconfig")},
 			StringData: map[string]string{"c2": "kubeconfig"},
 		}
 		transformSecret(s)
-		if s.Annotations != nil || s.StringData != nil || string(s.Data["c2"]) != "kubeconfig" || s.Labels[labelMultiCluster] != "true" {
+		if s.Annotations != nil || s.StringData != nil || string(s.Data["c2"]) != "kubeconfig" || s.Labels[istio.LabelMultiCluster] != "true" {
 			t.Errorf("secret = %+v", s)
 		}
 	})
 
 	t.Run("node keeps labels and addresses", func(t *testing.T) {
-		n := nodeObj("n", map[string]string{labelZone: "z"}, "203.0.113.1")
+		n := nodeObj("n", map[string]string{corev1.LabelTopologyZone: "z"}, "203.0.113.1")
 		n.Status.Images = []corev1.ContainerImage{{Names: []string{"big"}}}
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady}}
 		n.Spec.PodCIDR = "10.244.0.0/24"
 		transformNode(n)
-		if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" || len(n.Status.Addresses) != 2 || n.Labels[labelZone] != "z" {
+		if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" || len(n.Status.Addresses) != 2 || n.Labels[corev1.LabelTopologyZone] != "z" {
 			t.Errorf("node = %+v", n)
 		}
 	})
@@ -105,7 +106,7 @@ func TestSliceIndexes(t *testing.T) {
 	if got, _ := indexSliceService(&discoveryv1.EndpointSlice{}); got != nil {
 		t.Errorf("a slice without service label is indexed under %v", got)
 	}
-	gw := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{labelNetwork: "n"}}}
+	gw := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{istio.LabelNetwork: "n"}}}
 	if got, _ := indexGateways(gw); !slices.Equal(got, []string{""}) {
 		t.Errorf("gateway index = %v", got)
 	}

@@ -11,13 +11,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/estuary-mesh/estuary/sdk"
-)
-
-// Labels Istio reads from workloads.
-const (
-	labelTLSMode  = "security.istio.io/tlsMode"
-	labelNetwork  = "topology.istio.io/network"
-	labelLocality = "istio-locality" // region.zone.subzone
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // build converts accepted objects into the instance's services and
@@ -118,8 +112,8 @@ func (b *builder) addEntry(o *object) {
 	se := o.se
 	ports := make([]entryPort, len(se.GetPorts()))
 	for i, p := range se.GetPorts() {
-		proto, _ := canonicalProtocol(p.GetProtocol())
-		ports[i] = entryPort{Port: sdk.Port{Name: p.GetName(), Number: p.GetNumber(), Protocol: proto}, target: p.GetTargetPort()}
+		proto, _ := portProtocol(p.GetProtocol())
+		ports[i] = entryPort{Port: sdk.Port{Name: p.GetName(), Number: p.GetNumber(), Protocol: string(proto)}, target: p.GetTargetPort()}
 	}
 	for _, host := range se.GetHosts() {
 		h, ok := b.hosts[host]
@@ -286,7 +280,7 @@ func endpoint(we *networking.WorkloadEntry, name string, ports []entryPort, defa
 	ep := sdk.Endpoint{
 		Address:        we.GetAddress(),
 		Labels:         we.GetLabels(),
-		Network:        cmp.Or(we.GetNetwork(), we.GetLabels()[labelNetwork]),
+		Network:        cmp.Or(we.GetNetwork(), we.GetLabels()[istio.LabelNetwork]),
 		Weight:         we.GetWeight(),
 		ServiceAccount: we.GetServiceAccount(),
 		WorkloadName:   name,
@@ -295,13 +289,13 @@ func endpoint(we *networking.WorkloadEntry, name string, ports []entryPort, defa
 	switch loc := we.GetLocality(); {
 	case loc != "":
 		ep.Locality = sdk.ParseLocality(loc)
-	case we.GetLabels()[labelLocality] != "":
-		ep.Locality = sdk.ParseLocality(strings.ReplaceAll(we.GetLabels()[labelLocality], ".", "/"))
+	case we.GetLabels()[istio.LabelLocality] != "":
+		ep.Locality = sdk.ParseLocality(strings.ReplaceAll(we.GetLabels()[istio.LabelLocality], ".", "/"))
 	}
 	// Istio: the label decides; without it, a service account means the
 	// workload runs a sidecar that speaks Istio mTLS.
-	if mode, ok := we.GetLabels()[labelTLSMode]; ok {
-		if mode == "istio" {
+	if mode, ok := we.GetLabels()[istio.LabelTLSMode]; ok {
+		if mode == istio.TLSModeIstio {
 			ep.TLSMode = sdk.TLSModeIstio
 		}
 	} else if we.GetServiceAccount() != "" {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/connrotation"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/backoff"
 )
 
 // Timing of the Kubernetes source: how often it looks for the CRDs while
@@ -34,7 +35,10 @@ var (
 	crdPoll        = 5 * time.Second
 	kubeRetryFirst = time.Second
 	kubeRetryMax   = 30 * time.Second
-	kubeProbe      = 5 * time.Second
+	// kubeRetryJitter keeps plugins that lost one API server together
+	// from asking it again together.
+	kubeRetryJitter = 0.2
+	kubeProbe       = 5 * time.Second
 )
 
 // kubeRequestTimeout bounds discovery and health requests (not watches).
@@ -162,15 +166,16 @@ func (s *kubeSource) run(ctx context.Context, changed func()) {
 // source counts as synced, and empty, meanwhile). It returns false when ctx
 // ends first.
 func (s *kubeSource) discover(ctx context.Context, disc discovery.DiscoveryInterface, changed func()) (map[string]schema.GroupVersionResource, bool) {
-	backoff := kubeRetryFirst
+	retry := backoff.Backoff{Base: kubeRetryFirst, Max: kubeRetryMax, Jitter: kubeRetryJitter}
 	for {
 		gvrs, missing, err := servedResources(ctx, disc)
 		wait := crdPoll
 		switch {
 		case err != nil:
 			s.setProblem(fmt.Sprintf("kubernetes: cannot discover %s: %v", istioGroup, err), changed)
-			wait, backoff = backoff, min(2*backoff, kubeRetryMax)
+			wait = retry.Next()
 		case len(missing) > 0:
+			retry.Reset()
 			s.mu.Lock()
 			report := !s.synced || s.problem != "" || !slices.Equal(s.missing, missing)
 			s.synced, s.problem, s.missing = true, "", missing

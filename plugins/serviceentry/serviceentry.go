@@ -18,10 +18,10 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/semaphore"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -41,7 +41,7 @@ func Factory(rt sdk.Runtime) sdk.Plugin {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &plugin{ctx: rt.Context, logger: logger, state: rt.State}
+	return &plugin{ctx: rt.Context, logger: logger, state: rt.State, turn: semaphore.NewWeighted(1)}
 }
 
 type plugin struct {
@@ -49,11 +49,17 @@ type plugin struct {
 	logger hclog.Logger
 	state  *sdk.State
 
-	mu  sync.Mutex
-	run *runner // nil before the first Configure
+	// turn admits one Configure (or Stop) at a time; a caller waiting for
+	// it gives up when its context ends, so a runner that is slow to stop
+	// never holds a call beyond the host's deadline.
+	turn *semaphore.Weighted
+	run  *runner // the last started runner, maybe stopping; nil before the first Configure
 }
 
-var _ sdk.Plugin = (*plugin)(nil)
+var (
+	_ sdk.Plugin  = (*plugin)(nil)
+	_ sdk.Stopper = (*plugin)(nil)
+)
 
 var configSchema = &sdk.Schema{
 	Attributes: []sdk.Attribute{
@@ -67,7 +73,7 @@ var configSchema = &sdk.Schema{
 		Single:      true,
 		Description: "also watch the ServiceEntry and WorkloadEntry CRDs of a cluster",
 		Body: sdk.Schema{Attributes: []sdk.Attribute{
-			{Name: "kubeconfig", Type: "string", Description: "path of a kubeconfig; default: in-cluster, then $KUBECONFIG or ~/.kube/config"},
+			{Name: "kubeconfig", Type: "string", Description: "path of a kubeconfig; unset: $KUBECONFIG or ~/.kube/config, else the in-cluster config, as kubectl finds them"},
 			{Name: "namespaces", Type: "list(string)", Description: "namespaces to watch; default: all"},
 		}},
 	}},
@@ -109,7 +115,11 @@ type kubeSettings struct {
 	namespaces []string
 }
 
-func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+// Configure replaces the running sources. The old ones stop before the new
+// ones publish, and the state they published stays until then; if they have
+// not stopped when ctx ends, Configure returns ctx's error and the next
+// call waits for them again.
+func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
 	var cfg config
 	if err := req.Decode(&cfg); err != nil {
 		return nil, fmt.Errorf("serviceentry: decode config: %w", err)
@@ -118,12 +128,14 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 	if diags.HasErrors() {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return nil, fmt.Errorf("serviceentry: configure: %w", err)
+	}
+	defer p.turn.Release(1)
 	if p.run != nil {
-		// The old sources stop before the new ones publish; the state
-		// they published stays until then.
-		p.run.stop()
+		if err := p.run.group.Stop(ctx); err != nil {
+			return nil, fmt.Errorf("serviceentry: configure: stop the previous sources: %w", err)
+		}
 		if p.run.id != s.id {
 			p.state.RemoveInstance(p.run.id)
 		}
@@ -145,10 +157,10 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 func check(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
 	s := &settings{
-		id:    sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: deref(cfg.ClusterID, mesh.ClusterID)},
-		props: sdk.InstanceProperties{DefaultNetwork: deref(cfg.Network, mesh.Network)},
-		dir:   deref(cfg.Dir, ""),
-		ns:    deref(cfg.DefaultNamespace, "default"),
+		id:    sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: sdk.ValueOr(cfg.ClusterID, mesh.ClusterID)},
+		props: sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.Network)},
+		dir:   sdk.ValueOr(cfg.Dir, ""),
+		ns:    sdk.ValueOr(cfg.DefaultNamespace, "default"),
 	}
 	if s.id.Cluster == "" {
 		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty (set it, or mesh.cluster_id)")
@@ -169,7 +181,7 @@ func check(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
 	if len(cfg.Kubernetes) > 0 {
 		kc := cfg.Kubernetes[0]
 		s.kube = &kubeSettings{namespaces: slices.Clone(kc.Namespaces)}
-		rc, err := restConfig(deref(kc.Kubeconfig, ""))
+		rc, err := restConfig(sdk.ValueOr(kc.Kubeconfig, ""))
 		if err != nil {
 			diags.Errorf([]string{"kubernetes", "0", "kubeconfig"}, "%v", err)
 		}
@@ -186,24 +198,22 @@ func check(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
 	return s, diags
 }
 
-// restConfig loads a kubeconfig file, or finds the in-cluster or default
-// one when path is empty.
+// restConfig finds the cluster's client config as kubectl does, with
+// client-go's own loading rules: the kubeconfig at path; with no path,
+// $KUBECONFIG or ~/.kube/config, and without those the in-cluster config
+// (KUBERNETES_SERVICE_HOST and the pod's service account). The kubernetes
+// plugin follows the same rule.
 func restConfig(path string) (*rest.Config, error) {
-	if path != "" {
-		c, err := clientcmd.BuildConfigFromFlags("", path)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
-		}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = path
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	switch {
+	case err == nil:
 		return c, nil
+	case path != "":
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	if c, err := rest.InClusterConfig(); err == nil {
-		return c, nil
-	}
-	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no kubeconfig set, not running in a cluster, and no default kubeconfig: %w", err)
-	}
-	return c, nil
+	return nil, fmt.Errorf("no kubeconfig set, none at $KUBECONFIG or ~/.kube/config, and not running in a cluster: %w", err)
 }
 
 // source feeds objects to a runner.
@@ -246,31 +256,31 @@ type runner struct {
 	logger  hclog.Logger
 	sources []source
 	kick    chan struct{}
-	cancel  context.CancelFunc
-	done    chan struct{}
+	group   *sdk.Run // the sources and the publishing loop
 	synced  bool
 }
 
 func startRunner(parent context.Context, state *sdk.State, id sdk.InstanceID, sources []source, logger hclog.Logger) *runner {
-	ctx, cancel := context.WithCancel(parent)
 	r := &runner{id: id, state: state, logger: logger, sources: sources,
-		kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
-	var wg sync.WaitGroup
+		kick: make(chan struct{}, 1), group: sdk.StartRun(parent)}
 	for _, s := range sources {
-		wg.Go(func() { s.run(ctx, r.changed) })
+		r.group.Go(func(ctx context.Context) { s.run(ctx, r.changed) })
 	}
-	wg.Go(func() { r.loop(ctx) })
-	go func() {
-		wg.Wait()
-		close(r.done)
-	}()
+	r.group.Go(r.loop)
 	return r
 }
 
-// stop stops the sources and waits until nothing publishes any more.
-func (r *runner) stop() {
-	r.cancel()
-	<-r.done
+// Stop waits for the sources to end; the SDK calls it once the plugin's
+// context has ended.
+func (p *plugin) Stop(ctx context.Context) error {
+	if err := p.turn.Acquire(ctx, 1); err != nil {
+		return fmt.Errorf("serviceentry: stop: %w", err)
+	}
+	defer p.turn.Release(1)
+	if p.run != nil {
+		return p.run.group.Stop(ctx)
+	}
+	return nil
 }
 
 func (r *runner) changed() {
@@ -342,11 +352,9 @@ func (r *runner) publish() error {
 		}
 	}
 	sortNotices(notices)
-	if len(notices) > maxNotices {
-		more := len(notices) - maxNotices
-		notices = append(notices[:maxNotices:maxNotices], sdk.Notice{Subject: "notices", Message: fmt.Sprintf("%d more not shown", more)})
-	}
-	health.Notices = notices
+	capped := sdk.NoticeList{Max: maxNotices, Subject: "notices"}
+	capped.Add(notices...)
+	health.Notices = capped.List()
 	if err := r.state.SetHealth(r.id, health); err != nil {
 		return fmt.Errorf("serviceentry: health of %s: %w", r.id, err)
 	}
@@ -364,11 +372,4 @@ func sortNotices(ns []sdk.Notice) {
 		}
 		return strings.Compare(a.Message, b.Message)
 	})
-}
-
-func deref[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }

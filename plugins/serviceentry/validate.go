@@ -9,32 +9,25 @@ import (
 
 	networking "istio.io/api/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // unixPrefix marks a Unix domain socket address, as in Istio.
 const unixPrefix = "unix://"
 
-// protocols maps Istio's protocol names, lower-cased, to their canonical
-// spelling. Istio parses protocols case-insensitively.
-var protocols = map[string]string{
-	"http": "HTTP", "https": "HTTPS", "http2": "HTTP2", "http_proxy": "HTTP_PROXY",
-	"grpc": "GRPC", "grpc-web": "GRPC-Web", "tcp": "TCP", "tls": "TLS", "udp": "UDP",
-	"mongo": "Mongo", "redis": "Redis", "mysql": "MySQL",
-}
-
-// defaultProtocol is used for a port that names none.
-const defaultProtocol = "TCP"
-
 // portNameRE is the rule Istio's CRDs apply to port names.
 var portNameRE = regexp.MustCompile(`^[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
 
-// canonicalProtocol returns Istio's spelling of a port protocol.
-func canonicalProtocol(p string) (string, bool) {
+// portProtocol reads a ServiceEntry port's protocol as Istio's
+// protocol.Parse does. A port that names none is reported as TCP, as the
+// other registries report a port whose protocol Istio would sniff.
+func portProtocol(p string) (istio.Protocol, bool) {
 	if p == "" {
-		return defaultProtocol, true
+		return istio.TCP, true
 	}
-	c, ok := protocols[strings.ToLower(p)]
-	return c, ok
+	proto := istio.ParseProtocol(p)
+	return proto, proto.Known()
 }
 
 // validateServiceEntry checks what Istio's CRD schema and validating webhook
@@ -87,11 +80,11 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 			errs.add(path+".name", "port name %q is declared twice", name)
 		}
 		names[p.GetName()] = true
-		proto, ok := canonicalProtocol(p.GetProtocol())
+		proto, ok := portProtocol(p.GetProtocol())
 		if !ok {
-			errs.add(path+".protocol", "unknown protocol %q", p.GetProtocol())
+			errs.add(path+".protocol", "unknown protocol %q (known: %s)", p.GetProtocol(), istio.KnownProtocols())
 		}
-		allTCP = allTCP && proto == "TCP"
+		allTCP = allTCP && proto == istio.TCP
 		if tp := p.GetTargetPort(); tp > 65535 {
 			errs.add(path+".targetPort", "port %d is not between 1 and 65535", tp)
 		}

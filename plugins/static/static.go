@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/istio"
 )
 
 // Version of the plugin.
@@ -70,7 +71,7 @@ var schema = &sdk.Schema{
 			Blocks: []sdk.Block{
 				{TypeName: "port", Labels: []string{"name"}, Body: sdk.Schema{Attributes: []sdk.Attribute{
 					{Name: "number", Type: "number", Required: true},
-					{Name: "protocol", Type: "string", Description: "HTTP, HTTP2, GRPC, TCP, TLS, ... (default TCP)"},
+					{Name: "protocol", Type: "string", Description: "Istio's protocol names, any case: HTTP, HTTP2, GRPC, GRPC-Web, HTTPS, TLS, TCP, ... (default TCP)"},
 				}}},
 				{TypeName: "endpoint", Body: endpointSchema},
 			},
@@ -132,7 +133,13 @@ type gatewayConfig struct {
 	Cluster  *string `json:"cluster"`
 }
 
-func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+// Configure replaces the instance with the config's content. It starts no
+// goroutine and waits for nothing but its short critical section, and
+// gives up at once when ctx has ended.
+func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("static: configure: %w", err)
+	}
 	var cfg config
 	if err := req.Decode(&cfg); err != nil {
 		return nil, fmt.Errorf("static: decode config: %w", err)
@@ -164,12 +171,12 @@ func (p *plugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.C
 // problem with the path to its attribute.
 func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProperties, sdk.Snapshot, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
-	cluster := deref(cfg.Cluster, mesh.ClusterID)
+	cluster := sdk.ValueOr(cfg.Cluster, mesh.ClusterID)
 	if cluster == "" {
 		diags.Errorf([]string{"cluster"}, "cluster must not be empty")
 	}
 	id := sdk.InstanceID{Provider: sdk.ProviderStatic, Cluster: cluster}
-	props := sdk.InstanceProperties{DefaultNetwork: deref(cfg.Network, mesh.Network)}
+	props := sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.Network)}
 	snap := sdk.Snapshot{Endpoints: map[string][]sdk.Endpoint{}}
 	seen := map[string]bool{}
 	for i, sc := range cfg.Services {
@@ -193,8 +200,8 @@ func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProp
 			diags.Errorf(at(path, "address"), "gateway address must not be empty")
 		}
 		snap.Gateways = append(snap.Gateways, sdk.NetworkGateway{
-			Network: gc.Network, Cluster: deref(gc.Cluster, cluster), Address: gc.Address, Port: port,
-			Locality: sdk.ParseLocality(deref(gc.Locality, "")),
+			Network: gc.Network, Cluster: sdk.ValueOr(gc.Cluster, cluster), Address: gc.Address, Port: port,
+			Locality: sdk.ParseLocality(sdk.ValueOr(gc.Locality, "")),
 		})
 	}
 	return id, props, snap, diags
@@ -206,10 +213,10 @@ func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.D
 	}
 	svc := &sdk.Service{
 		Hostname:     sc.Hostname,
-		Namespace:    deref(sc.Namespace, "default"),
-		Name:         deref(sc.Name, firstLabel(sc.Hostname)),
+		Namespace:    sdk.ValueOr(sc.Namespace, "default"),
+		Name:         sdk.ValueOr(sc.Name, firstLabel(sc.Hostname)),
 		Labels:       sc.Labels,
-		MeshExternal: deref(sc.MeshExternal, false),
+		MeshExternal: sdk.ValueOr(sc.MeshExternal, false),
 		ExportTo:     sc.ExportTo,
 	}
 	if len(sc.Addresses) > 0 {
@@ -239,7 +246,13 @@ func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.D
 			diags.Errorf(at(path, "port", strconv.Itoa(j)), "port %q is declared twice", pc.Name)
 		}
 		portNames[pc.Name] = true
-		svc.Ports = append(svc.Ports, sdk.Port{Name: pc.Name, Number: n, Protocol: deref(pc.Protocol, "TCP")})
+		proto := istio.TCP
+		if pc.Protocol != nil {
+			if proto = istio.ParseProtocol(*pc.Protocol); !proto.Known() {
+				diags.Errorf(at(path, "port", strconv.Itoa(j), "protocol"), "port %q: unknown protocol %q (known: %s)", pc.Name, *pc.Protocol, istio.KnownProtocols())
+			}
+		}
+		svc.Ports = append(svc.Ports, sdk.Port{Name: pc.Name, Number: n, Protocol: string(proto)})
 	}
 	eps := make([]sdk.Endpoint, 0, len(sc.Endpoints))
 	for j, ec := range sc.Endpoints {
@@ -253,10 +266,10 @@ func buildEndpoint(ec *endpointConfig, svc *sdk.Service, portNames map[string]bo
 	ep := sdk.Endpoint{
 		Address:        ec.Address,
 		Labels:         ec.Labels,
-		Network:        deref(ec.Network, ""),
-		Locality:       sdk.ParseLocality(deref(ec.Locality, "")),
-		ServiceAccount: deref(ec.ServiceAccount, ""),
-		WorkloadName:   deref(ec.Name, ""),
+		Network:        sdk.ValueOr(ec.Network, ""),
+		Locality:       sdk.ParseLocality(sdk.ValueOr(ec.Locality, "")),
+		ServiceAccount: sdk.ValueOr(ec.ServiceAccount, ""),
+		WorkloadName:   sdk.ValueOr(ec.Name, ""),
 	}
 	static := svc.Resolution == sdk.ResolutionStatic || svc.Resolution == sdk.ResolutionPassthrough
 	if _, err := netip.ParseAddr(ec.Address); err != nil && static {
@@ -308,13 +321,6 @@ func firstLabel(host string) string {
 		}
 	}
 	return host
-}
-
-func deref[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // at returns path extended by more, never sharing path's backing array.

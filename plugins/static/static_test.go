@@ -117,6 +117,12 @@ func TestValidation(t *testing.T) {
 }`, []string{"gateway", "0", "port"}, "not between"},
 		{"duplicate service", `service "a.b" {}
 service "a.b" {}`, []string{"service", "1"}, "declared twice"},
+		{"unknown protocol", `service "a.b" {
+  port "web" {
+    number   = 80
+    protocol = "QUIC"
+  }
+}`, []string{"service", "0", "port", "0", "protocol"}, `unknown protocol "QUIC"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,4 +144,32 @@ service "a.b" {}`, []string{"service", "1"}, "declared twice"},
 			t.Errorf("diagnostics %+v lack %q at %v", ds, tt.wantMsg, tt.wantPath)
 		})
 	}
+}
+
+// TestProtocolSpelling: port protocols are read as Istio reads them (any
+// case) and reported in Istio's spelling.
+func TestProtocolSpelling(t *testing.T) {
+	for in, want := range map[string]string{"http": "HTTP", "grpc-web": "GRPC-Web", "Http_Proxy": "HTTP_PROXY", "": "TCP"} {
+		src := "service \"a.b\" {\n  port \"p\" {\n    number = 80\n"
+		if in != "" {
+			src += "    protocol = \"" + in + "\"\n"
+		}
+		js, diags := configschema.ParseHCL("t.hcl", []byte(src+"  }\n}\n"), schema)
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		var cfg config
+		if err := (&sdk.ConfigureRequest{ConfigJSON: js}).Decode(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		_, _, snap, ds := build(&cfg, sdk.MeshSettings{ClusterID: "c1"})
+		if ds.HasErrors() || snap.Services[0].Ports[0].Protocol != want {
+			t.Errorf("protocol %q: got %v (%v), want %q", in, snap.Services[0].Ports, ds, want)
+		}
+	}
+}
+
+func TestConfigureHonoursContext(t *testing.T) {
+	p, _ := sdktest.Direct(t, Factory)
+	sdktest.ConfigureHonoursContext(t, p, &sdk.ConfigureRequest{ConfigJSON: []byte(`{"cluster": "c1"}`)})
 }

@@ -40,6 +40,10 @@ func objectSpec(s *sdk.Schema, labels []string) (hcldec.ObjectSpec, error) {
 		if _, dup := spec[a.Name]; dup {
 			return nil, fmt.Errorf("schema: %q is declared twice", a.Name)
 		}
+		if a.Type == sdk.TypeDuration {
+			spec[a.Name] = durationSpec(a)
+			continue
+		}
 		ty, err := ParseType(a.Type)
 		if err != nil {
 			return nil, fmt.Errorf("schema: attribute %q: %w", a.Name, err)
@@ -61,6 +65,26 @@ func objectSpec(s *sdk.Schema, labels []string) (hcldec.ObjectSpec, error) {
 		}
 	}
 	return spec, nil
+}
+
+// durationSpec decodes a TypeDuration attribute: a string that
+// time.ParseDuration accepts, checked here so the error points at the
+// attribute in the operator's file rather than coming back from the plugin.
+func durationSpec(a sdk.Attribute) hcldec.Spec {
+	return &hcldec.ValidateSpec{
+		Wrapped: &hcldec.AttrSpec{Name: a.Name, Type: cty.String, Required: a.Required},
+		Func: func(v cty.Value) hcl.Diagnostics {
+			if v.IsNull() || !v.IsKnown() {
+				return nil
+			}
+			if _, err := sdk.ParseDuration(v.AsString()); err != nil {
+				// No Subject: hcldec fills in the attribute's range.
+				return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Invalid duration",
+					Detail: fmt.Sprintf("%s: %v.", a.Name, err)}}
+			}
+			return nil
+		},
+	}
 }
 
 // ParseType parses an HCL type expression such as "list(string)".

@@ -2,9 +2,11 @@ package configschema_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
@@ -296,5 +298,90 @@ func TestFromProto(t *testing.T) {
 		a, _ := json.Marshal(got)
 		b, _ := json.Marshal(want)
 		t.Errorf("FromProto:\n got %s\nwant %s", a, b)
+	}
+}
+
+func TestDurationAttribute(t *testing.T) {
+	schema := &sdk.Schema{
+		Attributes: []sdk.Attribute{{Name: "wait_time", Type: sdk.TypeDuration}},
+		Blocks: []sdk.Block{{TypeName: "remote", Body: sdk.Schema{
+			Attributes: []sdk.Attribute{{Name: "timeout", Type: sdk.TypeDuration, Required: true}},
+		}}},
+	}
+	type decoded struct {
+		WaitTime *sdk.Duration `json:"wait_time"`
+	}
+	type problem struct{ at, has string } // "LINE:COL", part of "summary: detail"
+	tests := []struct {
+		name string
+		src  string
+		want time.Duration // of wait_time; 0 when unset
+		errs []problem     // in file order
+	}{
+		{name: "unset stays null", src: ``},
+		{name: "seconds", src: `wait_time = "30s"`, want: 30 * time.Second},
+		{name: "compound", src: `wait_time = "1h30m"`, want: 90 * time.Minute},
+		{name: "bad unit", src: "\nwait_time = \"5 minutes\"", errs: []problem{{"2:13", `Invalid duration: wait_time: "5 minutes" is not a duration such as "30s"`}}},
+		{name: "a bare number has no unit", src: `wait_time = 30`, errs: []problem{{"1:13", `wait_time: "30" is not a duration`}}},
+		{name: "wrong type", src: `wait_time = ["1s"]`, errs: []problem{{"1:13", `Incorrect attribute value type`}}},
+		{name: "every problem, nested too", src: "wait_time = \"x\"\nremote {\n  timeout = \"1d\"\n}\nremote {}",
+			errs: []problem{{"1:13", `wait_time: "x"`}, {"3:13", `timeout: "1d"`}, {"5:8", `"timeout" is required`}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			js, diags := configschema.ParseHCL("plugins.hcl", []byte(tt.src), schema)
+			if len(diags) != len(tt.errs) {
+				t.Fatalf("diagnostics = %v, want %d: %v", diags, len(tt.errs), tt.errs)
+			}
+			for i, d := range diags {
+				at := fmt.Sprintf("%d:%d", d.Subject.Start.Line, d.Subject.Start.Column)
+				text := d.Summary + ": " + d.Detail
+				if at != tt.errs[i].at || !strings.Contains(text, tt.errs[i].has) {
+					t.Errorf("diagnostic %d = %s %q, want %s %q", i, at, text, tt.errs[i].at, tt.errs[i].has)
+				}
+			}
+			if len(tt.errs) > 0 {
+				return
+			}
+			var d decoded
+			if err := json.Unmarshal(js, &d); err != nil {
+				t.Fatalf("plugin cannot decode %s: %v", js, err)
+			}
+			switch {
+			case tt.want == 0 && d.WaitTime != nil:
+				t.Errorf("wait_time = %v, want unset (nil)", d.WaitTime)
+			case tt.want != 0 && (d.WaitTime == nil || d.WaitTime.Duration != tt.want):
+				t.Errorf("wait_time = %v, want %v", d.WaitTime, tt.want)
+			}
+		})
+	}
+}
+
+func TestDurationJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		err  string
+	}{
+		{in: `"250ms"`, want: 250 * time.Millisecond},
+		{in: `"-5s"`, want: -5 * time.Second},
+		{in: `"soon"`, err: `"soon" is not a duration such as "30s"`},
+		{in: `30`, err: `duration: want a string`},
+	} {
+		var d sdk.Duration
+		err := json.Unmarshal([]byte(tc.in), &d)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("Unmarshal(%s) error = %v, want %q", tc.in, err, tc.err)
+		case tc.err == "" && (err != nil || d.Duration != tc.want):
+			t.Errorf("Unmarshal(%s) = %v, %v; want %v", tc.in, d, err, tc.want)
+		}
+		if tc.err == "" {
+			back, _ := json.Marshal(d)
+			var again sdk.Duration
+			if err := json.Unmarshal(back, &again); err != nil || again != d {
+				t.Errorf("round trip of %v through %s = %v, %v", d, back, again, err)
+			}
+		}
 	}
 }

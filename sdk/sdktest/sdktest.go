@@ -181,7 +181,9 @@ func Start(t testing.TB, f sdk.Factory) *Harness {
 	return h
 }
 
-// Kill stops the plugin as the host does.
+// Kill stops the plugin as the host does, and returns once everything the
+// plugin and the SDK started for it has ended (sdk.ServeTest's promise), so
+// no goroutine of the plugin outlives, or logs after, the test.
 func (h *Harness) Kill() {
 	h.once.Do(func() {
 		h.client.Kill()
@@ -189,15 +191,22 @@ func (h *Harness) Kill() {
 		// nor stops the plugin on Kill. Closing the connection asks the
 		// plugin to shut down, as the host does; ending its context only
 		// after it has stopped keeps go-plugin from stopping the server
-		// twice at once (a data race inside go-plugin).
+		// twice at once (a data race inside go-plugin). A plugin that
+		// ignores the closed connection is stopped through its context.
 		_ = h.conn.Close()
 		select {
 		case <-h.closed:
-		case <-time.After(5 * time.Second):
+		case <-time.After(killGrace):
 		}
 		h.cancel()
+		<-h.closed
 	})
 }
+
+// killGrace is how long Kill lets a plugin stop on its own before it ends
+// the plugin's context; generous, so a busy machine does not take the
+// slower path.
+const killGrace = 30 * time.Second
 
 // inProcess is the go-plugin runner of a plugin served in this process.
 type inProcess struct{ closed <-chan struct{} }
@@ -277,6 +286,7 @@ type Watcher struct {
 	err     error // first protocol violation
 	ended   bool
 	cancel  context.CancelFunc
+	done    chan struct{} // closed when run returns
 }
 
 // Watch opens a Watch stream; it is closed when the test ends. The stream
@@ -297,15 +307,21 @@ func (h *Harness) Watch(t testing.TB) *Watcher {
 		cancel()
 		t.Fatalf("Watch: %v", err)
 	}
-	w := &Watcher{replica: newReplica(), cancel: cancel}
+	w := &Watcher{replica: newReplica(), cancel: cancel, done: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
-	go w.run(stream)
+	go func() {
+		defer close(w.done)
+		w.run(stream)
+	}()
 	t.Cleanup(w.Stop)
 	return w
 }
 
-// Stop closes the stream.
-func (w *Watcher) Stop() { w.cancel() }
+// Stop closes the stream and waits until the watcher's goroutine is gone.
+func (w *Watcher) Stop() {
+	w.cancel()
+	<-w.done
+}
 
 func (w *Watcher) run(stream *pluginclient.WatchStream) {
 	for {

@@ -16,7 +16,13 @@ import (
 // plugin config blocks against their schemas, external binaries' hashes,
 // the networks block.
 func load(path string) (*config.File, hcl.Diagnostics) {
-	f, diags := config.Load(path, catalog.Names())
+	return validated(config.Load(path, catalog.Names()))
+}
+
+// validated adds to a parsed file's diagnostics what only the command can
+// check: the plugins' own schemas and the networks block. The test of the
+// documented examples runs READMEs' HCL through it too.
+func validated(f *config.File, diags hcl.Diagnostics) (*config.File, hcl.Diagnostics) {
 	if f != nil && !diags.HasErrors() {
 		diags = append(diags, catalog.Validate(f)...)
 	}
