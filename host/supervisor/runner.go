@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/backoff"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
@@ -68,10 +68,14 @@ type runner struct {
 	schema         *sdk.Schema          // from the last Describe
 	canReconfigure bool
 	wake           chan struct{} // a reload arrived while waiting
-	restart        chan struct{} // kill the current process and start again
-	cancel         context.CancelFunc
-	created        time.Time
-	done           chan struct{}
+	// retry spaces restarts: doubling from BackoffBase per consecutive
+	// failure up to BackoffMax, with ±20% jitter so that plugins that
+	// failed together do not restart together.
+	retry   backoff.Backoff
+	restart chan struct{} // kill the current process and start again
+	cancel  context.CancelFunc
+	created time.Time
+	done    chan struct{}
 }
 
 func newRunner(sup *Supervisor, cfg *config.Plugin) *runner {
@@ -84,6 +88,7 @@ func newRunner(sup *Supervisor, cfg *config.Plugin) *runner {
 		cfg:     cfg,
 		status:  Status{Label: cfg.Label, Bundled: cfg.Bundled, Path: cfg.Path, State: StateStarting},
 		wake:    make(chan struct{}, 1),
+		retry:   backoff.Backoff{Base: sup.opts.BackoffBase, Max: sup.opts.BackoffMax, Jitter: 0.2},
 		restart: make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		created: time.Now(),
@@ -149,10 +154,11 @@ func (r *runner) loop(ctx context.Context) {
 		r.status.Restarts++
 		if healthy && time.Since(started) > r.sup.opts.HealthyAfter {
 			r.status.Failures = 0
+			r.retry.Reset()
 		}
 		r.status.Failures++
 		failures := r.status.Failures
-		delay := backoff(r.sup.opts.BackoffBase, r.sup.opts.BackoffMax, failures)
+		delay := r.retry.Next()
 		r.status.Backoffs = append(r.status.Backoffs, delay.Round(time.Millisecond).String())
 		if len(r.status.Backoffs) > 10 {
 			r.status.Backoffs = r.status.Backoffs[1:]
@@ -173,18 +179,6 @@ func (r *runner) loop(ctx context.Context) {
 			t.Stop()
 		}
 	}
-}
-
-// backoff doubles from base per consecutive failure up to max, with ±20%
-// jitter so that plugins that failed together do not restart together.
-func backoff(base, max time.Duration, failures int) time.Duration {
-	d := base
-	for i := 1; i < failures && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	jitter := 0.8 + 0.4*rand.Float64()
-	return time.Duration(float64(d) * jitter)
 }
 
 func (r *runner) label() string {

@@ -547,7 +547,9 @@ type Attribute struct {
 	// name of the attribute, for example "address".
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// type is the value type as an HCL type expression: string, number, bool,
-	// list(string), map(string), map(number), list(number).
+	// list(string), map(string), map(number), list(number); or "duration", a
+	// string in Go's duration syntax ("30s", "1m30s") that the host checks
+	// when it decodes the block, so a bad value is reported at its position.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// required attributes must be set.
 	Required bool `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
