@@ -18,7 +18,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/testbed/footprint"
 	"github.com/estuary-mesh/estuary/testbed/xdsload"
-	"github.com/estuary-mesh/estuary/xds"
+	"github.com/estuary-mesh/estuary/host/model"
 )
 
 // TestSoak is `make soak` (issue 11, point 8): the real binary with two
@@ -220,7 +220,7 @@ func (w *soakWorld) blocks() string {
 	return b.String()
 }
 
-func soakCluster(host string) string { return xds.ClusterName(8080, "", host) }
+func soakCluster(host string) string { return model.ClusterName(8080, "", host) }
 
 // required lists the clusters of the stable services.
 func (w *soakWorld) required() []string {
