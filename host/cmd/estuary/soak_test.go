@@ -16,9 +16,9 @@ import (
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/testbed/footprint"
 	"github.com/estuary-mesh/estuary/testbed/xdsload"
-	"github.com/estuary-mesh/estuary/host/model"
 )
 
 // TestSoak is `make soak` (issue 11, point 8): the real binary with two
