@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/meshtest"
 	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -32,22 +33,7 @@ func (in *inst) id() *registryv1.InstanceID {
 }
 
 func (in *inst) events() []*registryv1.Event {
-	ev := func(k any) *registryv1.Event {
-		e := &registryv1.Event{Instance: in.id()}
-		switch k := k.(type) {
-		case *registryv1.InstanceAdded:
-			e.Kind = &registryv1.Event_InstanceAdded{InstanceAdded: k}
-		case *registryv1.ServiceUpserted:
-			e.Kind = &registryv1.Event_ServiceUpserted{ServiceUpserted: k}
-		case *registryv1.EndpointsReplaced:
-			e.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: k}
-		case *registryv1.GatewaysReplaced:
-			e.Kind = &registryv1.Event_GatewaysReplaced{GatewaysReplaced: k}
-		case *registryv1.InstanceSynced:
-			e.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: k}
-		}
-		return e
-	}
+	ev := func(k any) *registryv1.Event { return meshtest.Event(in.id(), k) }
 	evs := []*registryv1.Event{ev(&registryv1.InstanceAdded{Properties: &registryv1.InstanceProperties{ClusterScoped: in.scoped}})}
 	for _, s := range in.services {
 		evs = append(evs, ev(&registryv1.ServiceUpserted{Service: s}))

@@ -69,22 +69,7 @@ func (w *World) Apply(plugin string, events ...*registryv1.Event) {
 func (w *World) Add(in Instance) {
 	w.tb.Helper()
 	id := &registryv1.InstanceID{Provider: "Static", Cluster: in.Cluster}
-	ev := func(k any) *registryv1.Event {
-		e := &registryv1.Event{Instance: id}
-		switch k := k.(type) {
-		case *registryv1.InstanceAdded:
-			e.Kind = &registryv1.Event_InstanceAdded{InstanceAdded: k}
-		case *registryv1.ServiceUpserted:
-			e.Kind = &registryv1.Event_ServiceUpserted{ServiceUpserted: k}
-		case *registryv1.EndpointsReplaced:
-			e.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: k}
-		case *registryv1.GatewaysReplaced:
-			e.Kind = &registryv1.Event_GatewaysReplaced{GatewaysReplaced: k}
-		case *registryv1.InstanceSynced:
-			e.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: k}
-		}
-		return e
-	}
+	ev := func(k any) *registryv1.Event { return Event(id, k) }
 	evs := []*registryv1.Event{ev(&registryv1.InstanceAdded{Properties: &registryv1.InstanceProperties{DefaultNetwork: in.DefaultNetwork}})}
 	for _, s := range in.Services {
 		evs = append(evs, ev(&registryv1.ServiceUpserted{Service: s}))
@@ -123,6 +108,27 @@ func (w *World) SetEndpoints(plugin, cluster, hostname string, eps ...*registryv
 	w.tb.Helper()
 	w.Apply(plugin, &registryv1.Event{Instance: &registryv1.InstanceID{Provider: "Static", Cluster: cluster},
 		Kind: &registryv1.Event_EndpointsReplaced{EndpointsReplaced: &registryv1.EndpointsReplaced{Hostname: hostname, Endpoints: eps}}})
+}
+
+// Event wraps one event message (InstanceAdded, ServiceUpserted,
+// EndpointsReplaced, GatewaysReplaced or InstanceSynced) for instance id.
+func Event(id *registryv1.InstanceID, kind any) *registryv1.Event {
+	e := &registryv1.Event{Instance: id}
+	switch k := kind.(type) {
+	case *registryv1.InstanceAdded:
+		e.Kind = &registryv1.Event_InstanceAdded{InstanceAdded: k}
+	case *registryv1.ServiceUpserted:
+		e.Kind = &registryv1.Event_ServiceUpserted{ServiceUpserted: k}
+	case *registryv1.EndpointsReplaced:
+		e.Kind = &registryv1.Event_EndpointsReplaced{EndpointsReplaced: k}
+	case *registryv1.GatewaysReplaced:
+		e.Kind = &registryv1.Event_GatewaysReplaced{GatewaysReplaced: k}
+	case *registryv1.InstanceSynced:
+		e.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: k}
+	default:
+		panic(fmt.Sprintf("meshtest: no event for %T", kind))
+	}
+	return e
 }
 
 // Gateway is a gateway as a registry reports it.
