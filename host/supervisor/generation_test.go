@@ -26,9 +26,14 @@ func TestStatusReadersRaceWithApply(t *testing.T) {
 	}
 	sup.Apply(block(81, "1"))
 
+	// Each reader has its own goroutine: one that also took the other's
+	// locks would be ordered after the writes by them, and hide a race.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 2 {
+	for _, read := range []func(){
+		func() { sup.Ready(time.Now()) },
+		func() { sup.Statuses() },
+	} {
 		wg.Go(func() {
 			for {
 				select {
@@ -36,8 +41,7 @@ func TestStatusReadersRaceWithApply(t *testing.T) {
 					return
 				default:
 				}
-				sup.Ready(time.Now())
-				sup.Statuses()
+				read()
 			}
 		})
 	}

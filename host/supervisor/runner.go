@@ -146,11 +146,12 @@ func (r *runner) snapshot() Status {
 	return st
 }
 
-// syncTimeout is how long readiness waits for the plugin's first snapshot.
-func (r *runner) syncTimeout() time.Duration {
+// readiness reports whether the plugin has streamed a complete snapshot,
+// and how long readiness waits for one.
+func (r *runner) readiness() (snapshotReceived bool, syncTimeout time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.desired.cfg.SyncTimeout
+	return r.status.SnapshotReceived, r.desired.cfg.SyncTimeout
 }
 
 // nextLocked is the generation to start: the desired one unless it was

@@ -237,8 +237,8 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	var waiting []string
 	for _, label := range s.order {
 		r := s.runners[label]
-		st := r.snapshot()
-		if !st.SnapshotReceived && now.Sub(r.created) < r.syncTimeout() {
+		received, syncTimeout := r.readiness()
+		if !received && now.Sub(r.created) < syncTimeout {
 			waiting = append(waiting, label)
 		}
 	}
