@@ -113,6 +113,7 @@ func TestApplyDuringStartIsApplied(t *testing.T) {
 			if st.Failures != 0 || st.Restarts != 0 || st.RejectedGeneration != 0 {
 				t.Errorf("status %+v: want no failure, restart or rejection", st)
 			}
+			checkRunning(t, sup, "slow", `{"port":82}`, true)
 		})
 	}
 }
@@ -135,6 +136,7 @@ func TestRejectedReconfigureKeepsTheAcceptedConfig(t *testing.T) {
 	if st.State != StateRunning || st.RunningGeneration != 1 || st.RejectedGeneration != 2 || !strings.Contains(st.LastError, "not between 1 and 65535") {
 		t.Errorf("after the refusal: %+v", st)
 	}
+	checkRunning(t, sup, "a", `{"port":81}`, false)
 
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -147,6 +149,16 @@ func TestRejectedReconfigureKeepsTheAcceptedConfig(t *testing.T) {
 	}
 	waitFresh(t, store, key)
 	waitPort(t, store, key, 81)
+	checkRunning(t, sup, "a", `{"port":81}`, false)
+}
+
+// checkRunning checks the block Supervisor.Running reports, for configz.
+func checkRunning(t *testing.T, sup *Supervisor, label, wantJSON string, wantLatest bool) {
+	t.Helper()
+	run, latest := sup.Running(label)
+	if run == nil || string(run.ConfigJSON) != wantJSON || latest != wantLatest {
+		t.Errorf("Running(%q) = %+v, latest %v; want config %s, latest %v", label, run, latest, wantJSON, wantLatest)
+	}
 }
 
 // TestDeliberateRestartsAreNotFailures: blocks that take a restart (the

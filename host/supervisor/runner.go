@@ -18,6 +18,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/backoff"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
@@ -64,11 +65,14 @@ type Status struct {
 }
 
 // generation is one applied config block of a plugin, with the mesh
-// settings it is configured with.
+// settings it is configured with. The block is shared with the config
+// file, so it is only read: json holds the block decoded against the
+// plugin's schema, once Configure accepted it.
 type generation struct {
 	n    uint64
 	cfg  *config.Plugin
 	mesh config.Mesh
+	json []byte
 }
 
 // sameProcess reports whether a process started for g can take o by
@@ -166,13 +170,28 @@ func (r *runner) nextLocked() (generation, bool) {
 	return generation{}, false
 }
 
-// commit records that the plugin accepted g.
-func (r *runner) commit(g generation) {
+// commit records that the plugin accepted g, decoded as js.
+func (r *runner) commit(g generation, js []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if g.n >= r.committed.n {
+		g.json = js
 		r.committed, r.committedRejected = g, false
 	}
+}
+
+// running returns the block the plugin runs, with its decoded config, or
+// nil before it accepted one; latest reports whether it is the last block
+// applied.
+func (r *runner) running() (cfg *config.Plugin, latest bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.committed.n == 0 {
+		return nil, false
+	}
+	c := *r.committed.cfg
+	c.ConfigJSON = r.committed.json
+	return &c, r.committed.n == r.desired.n
 }
 
 // reject records that generation n cannot run, and why.
@@ -337,11 +356,11 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 	// meanwhile, which it left to this start-up to apply.
 	accepted := false // this process runs an accepted generation
 	for {
-		err := r.configureChecked(ctx, pc, schema, cur)
+		js, err := r.configureChecked(ctx, pc, schema, cur)
 		var cerr configErr
 		switch {
 		case err == nil:
-			r.commit(cur)
+			r.commit(cur, js)
 			accepted = true
 		case accepted && errors.As(err, &cerr):
 			// A newer block was refused; the process keeps the one it
@@ -432,30 +451,31 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 // configureChecked checks g's block against the plugin's schema and sends
 // it. Diagnostics the plugin returns point into plugins.hcl; a refused
 // block is a configErr.
-func (r *runner) configureChecked(ctx context.Context, pc *pluginclient.Client, schema *sdk.Schema, g generation) error {
+func (r *runner) configureChecked(ctx context.Context, pc *pluginclient.Client, schema *sdk.Schema, g generation) ([]byte, error) {
 	cfg := g.cfg
-	if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
-		return configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
+	js, diags := configschema.Decode(cfg.Config, schema)
+	if diags.HasErrors() {
+		return nil, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
 	defer cancel()
 	resp, err := pc.Configure(cctx, &pluginclient.ConfigureRequest{
-		ConfigJSON: cfg.ConfigJSON,
+		ConfigJSON: js,
 		Mesh:       sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network},
 	})
 	if err != nil {
-		return fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
+		return nil, fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
 	}
-	diags := cfg.PluginDiagnostics(resp.Diagnostics)
+	diags = cfg.PluginDiagnostics(resp.Diagnostics)
 	for _, d := range diags {
 		if d.Severity == hcl.DiagWarning {
 			r.logger.Warn("plugin config warning", "warning", strings.TrimSpace(config.Format(hcl.Diagnostics{d})))
 		}
 	}
 	if diags.HasErrors() {
-		return configErr{fmt.Errorf("plugin %q rejected its config:\n%s", cfg.Label, config.Format(diags))}
+		return nil, configErr{fmt.Errorf("plugin %q rejected its config:\n%s", cfg.Label, config.Format(diags))}
 	}
-	return nil
+	return js, nil
 }
 
 // update applies a new block for the same plugin as its next generation.
@@ -474,7 +494,7 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 	if schema != nil && committed.n != 0 && committed.cfg.Same(cfg) {
 		// The same binary: its schema applies. A block that does not
 		// match it is refused here, with every problem's position.
-		if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
+		if _, diags := configschema.Decode(cfg.Config, schema); diags.HasErrors() {
 			r.reject(g.n, errors.New(config.Format(diags)))
 			return diags
 		}
@@ -494,13 +514,14 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 		return nil
 	}
 	r.mu.Unlock()
-	if err := r.configureChecked(ctx, pc, schema, g); err != nil {
+	js, err := r.configureChecked(ctx, pc, schema, g)
+	if err != nil {
 		// Whatever the failure, the plugin keeps the block it had: a
 		// restart must not bring up one it refused or failed on.
 		r.reject(g.n, err)
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
 	}
-	r.commit(g)
+	r.commit(g, js)
 	return nil
 }
 

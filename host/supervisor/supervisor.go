@@ -229,6 +229,21 @@ func (s *Supervisor) Statuses() []Status {
 	return out
 }
 
+// Running returns the block the plugin runs: the last one its Configure
+// accepted, which a restart uses, with its decoded config. It is nil
+// before the plugin accepted one; latest reports whether it is the last
+// block applied, rather than an earlier one kept because the plugin
+// refused the last, or has not taken it yet.
+func (s *Supervisor) Running(label string) (cfg *config.Plugin, latest bool) {
+	s.mu.Lock()
+	r, ok := s.runners[label]
+	s.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return r.running()
+}
+
 // Ready reports whether every plugin has delivered its first snapshot or
 // its sync timeout has passed since the supervisor started it.
 func (s *Supervisor) Ready(now time.Time) (bool, []string) {
