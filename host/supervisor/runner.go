@@ -37,6 +37,8 @@ const (
 )
 
 // Status describes one plugin for /debug/pluginz and `estuary plugins`.
+// Restarts and Failures count runs that ended on their own; a restart
+// that a new block needs is neither.
 type Status struct {
 	Label           string    `json:"label"`
 	Bundled         string    `json:"bundled,omitempty"`
@@ -500,7 +502,7 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 		}
 	}
 	r.mu.Lock()
-	pc, canReconfigure := r.client, r.canReconfigure
+	pc, schema, canReconfigure := r.client, r.schema, r.canReconfigure
 	committed = r.committed
 	switch {
 	case pc == nil:
