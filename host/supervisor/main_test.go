@@ -36,6 +36,16 @@ func servePlugin(mode string) {
 		sdk.Serve(benchFactory)
 	case "ok":
 		sdk.Serve(okFactory)
+	case "ok-restart":
+		// Takes a new block only by a restart.
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &okPlugin{rt: rt, noReconfigure: true} })
+	case "ok-blocking":
+		// Its first Configure creates $ESTUARY_TEST_ENTERED, then returns
+		// only once $ESTUARY_TEST_RELEASE exists: the test applies a block
+		// while the plugin is starting.
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin {
+			return &okPlugin{rt: rt, entered: os.Getenv("ESTUARY_TEST_ENTERED"), release: os.Getenv("ESTUARY_TEST_RELEASE")}
+		})
 	case "stdout":
 		// Anything on stdout before the handshake line breaks go-plugin.
 		fmt.Println("hello from a plugin that prints to stdout")
@@ -182,14 +192,41 @@ func benchEndpoints(n int, weight uint32) []sdk.Endpoint {
 // whose `port` is out of range, with a path the host maps to a position.
 func okFactory(rt sdk.Runtime) sdk.Plugin { return &okPlugin{rt: rt} }
 
-type okPlugin struct{ rt sdk.Runtime }
+type okPlugin struct {
+	rt            sdk.Runtime
+	noReconfigure bool
+	// entered and release, when set, hold the first Configure: see
+	// "ok-blocking".
+	entered, release string
+	configured       bool
+}
 
 func (p *okPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
-	return &sdk.DescribeResponse{Name: "ok", Version: "1.2.3", Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+	var caps []sdk.Capability
+	if !p.noReconfigure {
+		caps = append(caps, sdk.CapabilityReconfigure)
+	}
+	return &sdk.DescribeResponse{Name: "ok", Version: "1.2.3", Capabilities: caps,
 		ConfigSchema: &sdk.Schema{Attributes: []sdk.Attribute{{Name: "port", Type: "number"}}}}, nil
 }
 
-func (p *okPlugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+func (p *okPlugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	if p.release != "" && !p.configured {
+		if err := os.WriteFile(p.entered, nil, 0o600); err != nil {
+			return nil, err
+		}
+		for {
+			if _, err := os.Stat(p.release); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	p.configured = true
 	var cfg struct{ Port *float64 }
 	if err := req.Decode(&cfg); err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/backoff"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
 )
 
@@ -36,6 +37,8 @@ const (
 )
 
 // Status describes one plugin for /debug/pluginz and `estuary plugins`.
+// Restarts and Failures count runs that ended on their own; a restart
+// that a new block needs is neither.
 type Status struct {
 	Label           string    `json:"label"`
 	Bundled         string    `json:"bundled,omitempty"`
@@ -54,15 +57,46 @@ type Status struct {
 	// SnapshotReceived is set once the plugin has streamed a complete
 	// snapshot; readiness waits for it.
 	SnapshotReceived bool `json:"snapshot_received"`
+	// ConfigGeneration counts the plugin's blocks applied, the latest
+	// first; RunningGeneration is the one the plugin last accepted, which
+	// runs and which a restart uses. RejectedGeneration, when set, is the
+	// latest block, which the plugin or the host refused.
+	ConfigGeneration   uint64 `json:"config_generation"`
+	RunningGeneration  uint64 `json:"running_generation"`
+	RejectedGeneration uint64 `json:"rejected_generation,omitempty"`
+}
+
+// generation is one applied config block of a plugin, with the mesh
+// settings it is configured with. The block is shared with the config
+// file, so it is only read: json holds the block decoded against the
+// plugin's schema, once Configure accepted it.
+type generation struct {
+	n    uint64
+	cfg  *config.Plugin
+	mesh config.Mesh
+	json []byte
+}
+
+// sameProcess reports whether a process started for g can take o by
+// Configure; otherwise moving to o takes a restart.
+func (g generation) sameProcess(o generation) bool {
+	return g.cfg.Same(o.cfg) && g.mesh == o.mesh
 }
 
 // runner keeps one plugin running.
 type runner struct {
-	sup    *Supervisor
-	logger hclog.Logger
+	sup     *Supervisor
+	logger  hclog.Logger
+	label   string
+	created time.Time
 
-	mu             sync.Mutex
-	cfg            *config.Plugin
+	mu sync.Mutex
+	// desired is the latest block Apply gave; committed the latest one
+	// Configure accepted. A restart starts desired unless it was rejected,
+	// then committed unless that was rejected too.
+	desired, committed                 generation
+	desiredRejected, committedRejected bool
+
 	status         Status
 	client         *pluginclient.Client // nil while not connected
 	schema         *sdk.Schema          // from the last Describe
@@ -74,18 +108,18 @@ type runner struct {
 	retry   backoff.Backoff
 	restart chan struct{} // kill the current process and start again
 	cancel  context.CancelFunc
-	created time.Time
 	done    chan struct{}
 }
 
-func newRunner(sup *Supervisor, cfg *config.Plugin) *runner {
+func newRunner(sup *Supervisor, cfg *config.Plugin, mesh config.Mesh) *runner {
 	// Export the counter at zero, so dashboards see the plugin before its
 	// first restart.
 	sup.metrics.restarts.WithLabelValues(cfg.Label).Add(0)
 	return &runner{
 		sup:     sup,
 		logger:  sup.logger.With("plugin", cfg.Label),
-		cfg:     cfg,
+		label:   cfg.Label,
+		desired: generation{n: 1, cfg: cfg, mesh: mesh},
 		status:  Status{Label: cfg.Label, Bundled: cfg.Bundled, Path: cfg.Path, State: StateStarting},
 		wake:    make(chan struct{}, 1),
 		retry:   backoff.Backoff{Base: sup.opts.BackoffBase, Max: sup.opts.BackoffMax, Jitter: 0.2},
@@ -111,7 +145,68 @@ func (r *runner) snapshot() Status {
 	defer r.mu.Unlock()
 	st := r.status
 	st.Backoffs = append([]string(nil), st.Backoffs...)
+	st.ConfigGeneration, st.RunningGeneration = r.desired.n, r.committed.n
+	if r.desiredRejected {
+		st.RejectedGeneration = r.desired.n
+	}
 	return st
+}
+
+// readiness reports whether the plugin has streamed a complete snapshot,
+// and how long readiness waits for one.
+func (r *runner) readiness() (snapshotReceived bool, syncTimeout time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.SnapshotReceived, r.desired.cfg.SyncTimeout
+}
+
+// nextLocked is the generation to start: the desired one unless it was
+// rejected, else the committed one unless that was rejected too.
+func (r *runner) nextLocked() (generation, bool) {
+	switch {
+	case !r.desiredRejected:
+		return r.desired, true
+	case r.committed.n != 0 && !r.committedRejected:
+		return r.committed, true
+	}
+	return generation{}, false
+}
+
+// commit records that the plugin accepted g, decoded as js.
+func (r *runner) commit(g generation, js []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g.n >= r.committed.n {
+		g.json = js
+		r.committed, r.committedRejected = g, false
+	}
+}
+
+// running returns the block the plugin runs, with its decoded config, or
+// nil before it accepted one; latest reports whether it is the last block
+// applied.
+func (r *runner) running() (cfg *config.Plugin, latest bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.committed.n == 0 {
+		return nil, false
+	}
+	c := *r.committed.cfg
+	c.ConfigJSON = r.committed.json
+	return &c, r.committed.n == r.desired.n
+}
+
+// reject records that generation n cannot run, and why.
+func (r *runner) reject(n uint64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.desired.n == n {
+		r.desiredRejected = true
+	}
+	if r.committed.n == n {
+		r.committedRejected = true
+	}
+	r.status.LastError = err.Error()
 }
 
 func (r *runner) setState(s State, err error) {
@@ -126,21 +221,20 @@ func (r *runner) setState(s State, err error) {
 // configErr marks errors that restarting cannot fix.
 type configErr struct{ error }
 
+// errRestart ends a run that a new config block needs to restart; it is
+// not a failure.
+var errRestart = errors.New("restarting for a new config block")
+
 func (r *runner) loop(ctx context.Context) {
 	defer close(r.done)
 	defer r.setState(StateStopped, nil)
 	for {
-		started := time.Now()
-		healthy, err := r.runOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		r.sup.store.Disconnected(r.label())
-		r.sup.metrics.up.WithLabelValues(r.label()).Set(0)
-		var cerr configErr
-		if errors.As(err, &cerr) {
-			r.logger.Error("plugin configuration rejected; waiting for a reload", "error", err)
-			r.setState(StateConfigError, err)
+		r.mu.Lock()
+		g, ok := r.nextLocked()
+		r.mu.Unlock()
+		if !ok {
+			// Every block the plugin had was rejected: wait for a reload.
+			r.setState(StateConfigError, nil)
 			select {
 			case <-ctx.Done():
 				return
@@ -148,8 +242,26 @@ func (r *runner) loop(ctx context.Context) {
 				continue
 			}
 		}
+		started := time.Now()
+		healthy, err := r.runOnce(ctx, g)
+		if ctx.Err() != nil {
+			return
+		}
+		r.sup.store.Disconnected(r.label)
+		r.sup.metrics.up.WithLabelValues(r.label).Set(0)
+		if errors.Is(err, errRestart) {
+			r.logger.Info("plugin restarting with its new config block")
+			continue
+		}
+		var cerr configErr
+		if errors.As(err, &cerr) {
+			// runOnce marked the generation rejected: start the last
+			// accepted one if there is one, else wait for a reload.
+			r.logger.Error("plugin configuration rejected", "error", err)
+			continue
+		}
 		r.logger.Error("plugin stopped; restarting", "error", err, "uptime", time.Since(started).Round(time.Millisecond))
-		r.sup.metrics.restarts.WithLabelValues(r.label()).Inc()
+		r.sup.metrics.restarts.WithLabelValues(r.label).Inc()
 		r.mu.Lock()
 		r.status.Restarts++
 		if healthy && time.Since(started) > r.sup.opts.HealthyAfter {
@@ -181,19 +293,21 @@ func (r *runner) loop(ctx context.Context) {
 	}
 }
 
-func (r *runner) label() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cfg.Label
-}
-
-// runOnce starts the plugin and streams its state until the process or the
-// stream ends. healthy reports whether it got as far as a full snapshot.
-func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
-	r.mu.Lock()
-	cfg := r.cfg
-	r.status.State = StateStarting
-	r.mu.Unlock()
+// runOnce starts the plugin with generation g and streams its state until
+// the process or the stream ends. healthy reports whether it got as far as
+// a full snapshot. A block applied while the plugin starts is configured
+// before it counts as running, or restarts it (errRestart). A configErr
+// marks the generation it concerns rejected.
+func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err error) {
+	cfg := g.cfg
+	cur := g // the generation being configured
+	defer func() {
+		var cerr configErr
+		if errors.As(err, &cerr) {
+			r.reject(cur.n, err)
+		}
+	}()
+	r.setState(StateStarting, nil)
 
 	if diags := config.VerifyBinary(cfg); diags.HasErrors() {
 		return false, configErr{errors.New(config.Format(diags))}
@@ -223,16 +337,14 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 		return false, configErr{fmt.Errorf("plugin %q: speaks registry protocol %d, the host speaks %d", cfg.Label, desc.ProtocolVersion, sdk.ProtocolVersion)}
 	}
 	schema := desc.ConfigSchema
-	if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
-		return false, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
-	}
+	canReconfigure := desc.HasCapability(sdk.CapabilityReconfigure)
 	pid := 0
 	if rc := client.ReattachConfig(); rc != nil {
 		pid = rc.Pid
 	}
 	r.mu.Lock()
 	r.schema = schema
-	r.canReconfigure = desc.HasCapability(sdk.CapabilityReconfigure)
+	r.canReconfigure = canReconfigure
 	r.status.Name, r.status.Version, r.status.ProtocolVersion = desc.Name, desc.Version, desc.ProtocolVersion
 	r.status.Capabilities = nil
 	for _, c := range desc.Capabilities {
@@ -242,9 +354,47 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	r.status.StartedAt = time.Now()
 	r.mu.Unlock()
 
-	if err := r.configure(ctx, pc, cfg); err != nil {
-		return false, err
+	// Configure cur, then look again: Apply may have given a newer block
+	// meanwhile, which it left to this start-up to apply.
+	accepted := false // this process runs an accepted generation
+	for {
+		js, err := r.configureChecked(ctx, pc, schema, cur)
+		var cerr configErr
+		switch {
+		case err == nil:
+			r.commit(cur, js)
+			accepted = true
+		case accepted && errors.As(err, &cerr):
+			// A newer block was refused; the process keeps the one it
+			// accepted, which stays committed.
+			r.reject(cur.n, err)
+			r.logger.Error("plugin configuration rejected; it keeps its previous config", "error", err)
+		default:
+			return false, err
+		}
+		r.mu.Lock()
+		next, ok := r.nextLocked()
+		if ok && next.n != cur.n && next.n != r.committed.n {
+			r.mu.Unlock()
+			if !canReconfigure || !g.sameProcess(next) {
+				return false, errRestart
+			}
+			cur = next
+			continue
+		}
+		// Connected: from now on Apply configures this process itself.
+		// Requests from before are covered by the check above.
+		r.client = pc
+		drain(r.wake)
+		drain(r.restart)
+		r.mu.Unlock()
+		break
 	}
+	defer func() {
+		r.mu.Lock()
+		r.client = nil
+		r.mu.Unlock()
+	}()
 
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
@@ -254,15 +404,7 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 	}
-	r.mu.Lock()
-	r.client = pc
-	r.status.State = StateRunning
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.client = nil
-		r.mu.Unlock()
-	}()
+	r.setState(StateRunning, nil)
 	r.sup.metrics.up.WithLabelValues(cfg.Label).Set(1)
 
 	// A restart request or the process exiting ends the stream.
@@ -289,7 +431,7 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 			r.logger.Error("plugin broke the protocol; its stream is dropped", "error", perr)
 			return false, err
 		case sctx.Err() != nil && ctx.Err() == nil:
-			return sess.SnapshotDone(), fmt.Errorf("plugin %q: restart requested", cfg.Label)
+			return sess.SnapshotDone(), errRestart
 		default:
 			if err == io.EOF {
 				err = errors.New("stream closed")
@@ -308,64 +450,97 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	}
 }
 
-// configure sends the decoded config block. Diagnostics the plugin returns
-// point into plugins.hcl.
-func (r *runner) configure(ctx context.Context, pc *pluginclient.Client, cfg *config.Plugin) error {
+// configureChecked checks g's block against the plugin's schema and sends
+// it. Diagnostics the plugin returns point into plugins.hcl; a refused
+// block is a configErr.
+func (r *runner) configureChecked(ctx context.Context, pc *pluginclient.Client, schema *sdk.Schema, g generation) ([]byte, error) {
+	cfg := g.cfg
+	js, diags := configschema.Decode(cfg.Config, schema)
+	if diags.HasErrors() {
+		return nil, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
 	defer cancel()
-	mesh := r.sup.mesh()
 	resp, err := pc.Configure(cctx, &pluginclient.ConfigureRequest{
-		ConfigJSON: cfg.ConfigJSON,
-		Mesh:       sdk.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterID: mesh.ClusterID, Network: mesh.Network},
+		ConfigJSON: js,
+		Mesh:       sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network},
 	})
 	if err != nil {
-		return fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
+		return nil, fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
 	}
-	diags := cfg.PluginDiagnostics(resp.Diagnostics)
+	diags = cfg.PluginDiagnostics(resp.Diagnostics)
 	for _, d := range diags {
 		if d.Severity == hcl.DiagWarning {
 			r.logger.Warn("plugin config warning", "warning", strings.TrimSpace(config.Format(hcl.Diagnostics{d})))
 		}
 	}
 	if diags.HasErrors() {
-		return configErr{fmt.Errorf("plugin %q rejected its config:\n%s", cfg.Label, config.Format(diags))}
+		return nil, configErr{fmt.Errorf("plugin %q rejected its config:\n%s", cfg.Label, config.Format(diags))}
 	}
-	return nil
+	return js, nil
 }
 
-// update applies a new block for the same plugin: the config block is
-// sent to the running plugin, or the plugin restarts when it cannot be
-// reconfigured. It returns diagnostics that must keep the old config.
-func (r *runner) update(ctx context.Context, cfg *config.Plugin) hcl.Diagnostics {
+// update applies a new block for the same plugin as its next generation.
+// A connected plugin is reconfigured in place, or restarted when it cannot
+// take the block by Configure; a deliberate restart is not a failure. A
+// plugin that is starting applies the block once its start-up Configure
+// returns; one waiting to restart starts with it now. The diagnostics
+// returned mean the plugin refused the block and keeps running, and
+// restarts with, the block it last accepted.
+func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mesh) hcl.Diagnostics {
 	r.mu.Lock()
-	schema, pc, canReconfigure, state := r.schema, r.client, r.canReconfigure, r.status.State
+	r.desired = generation{n: r.desired.n + 1, cfg: cfg, mesh: mesh}
+	r.desiredRejected = false
+	g, committed, schema := r.desired, r.committed, r.schema
 	r.mu.Unlock()
-	if schema != nil {
-		if diags := cfg.DecodeConfig(schema); diags.HasErrors() {
+	if schema != nil && committed.n != 0 && committed.cfg.Same(cfg) {
+		// The same binary: its schema applies. A block that does not
+		// match it is refused here, with every problem's position.
+		if _, diags := configschema.Decode(cfg.Config, schema); diags.HasErrors() {
+			r.reject(g.n, errors.New(config.Format(diags)))
 			return diags
 		}
 	}
 	r.mu.Lock()
-	r.cfg = cfg
-	r.mu.Unlock()
+	pc, schema, canReconfigure := r.client, r.schema, r.canReconfigure
+	committed = r.committed
 	switch {
-	case pc != nil && canReconfigure:
-		if err := r.configure(ctx, pc, cfg); err != nil {
-			return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
-		}
-	case pc != nil:
-		r.logger.Info("plugin cannot be reconfigured; restarting it")
-		select {
-		case r.restart <- struct{}{}:
-		default:
-		}
-	case state == StateConfigError || state == StateBackoff || state == StateCrashLooping:
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+	case pc == nil:
+		signal(r.wake)
+		r.mu.Unlock()
+		return nil
+	case !canReconfigure || !committed.sameProcess(g):
+		signal(r.restart)
+		r.mu.Unlock()
+		r.logger.Info("plugin cannot take its new block by Configure; restarting it")
+		return nil
 	}
+	r.mu.Unlock()
+	js, err := r.configureChecked(ctx, pc, schema, g)
+	if err != nil {
+		// Whatever the failure, the plugin keeps the block it had: a
+		// restart must not bring up one it refused or failed on.
+		r.reject(g.n, err)
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
+	}
+	r.commit(g, js)
 	return nil
+}
+
+// signal leaves a token in ch unless one is already there.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// drain takes the token left in ch, if any.
+func drain(ch chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
 }
 
 func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.ClientConfig {

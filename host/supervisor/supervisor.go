@@ -76,7 +76,6 @@ type Supervisor struct {
 	mu      sync.Mutex
 	runners map[string]*runner
 	order   []string
-	meshCfg config.Mesh
 }
 
 type applyRequest struct {
@@ -128,12 +127,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // errStopped is Apply's answer once Run has returned.
 var errStopped = &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "the supervisor has stopped"}
 
-func (s *Supervisor) mesh() config.Mesh {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.meshCfg
-}
-
 // Apply makes the running plugins match f: new blocks start, removed ones
 // stop (their instances leave the replica), changed ones are reconfigured in
 // place or restarted. Diagnostics returned for a plugin mean that plugin
@@ -153,9 +146,6 @@ func (s *Supervisor) Apply(f *config.File) hcl.Diagnostics {
 // ctx ends.
 func (s *Supervisor) apply(ctx context.Context, f *config.File) hcl.Diagnostics {
 	s.mu.Lock()
-	meshChanged := s.meshCfg != f.Mesh
-	s.meshCfg = f.Mesh
-	var diags hcl.Diagnostics
 	want := map[string]*config.Plugin{}
 	var order []string
 	for _, p := range f.Plugins {
@@ -169,42 +159,31 @@ func (s *Supervisor) apply(ctx context.Context, f *config.File) hcl.Diagnostics 
 			delete(s.runners, label)
 		}
 	}
-	var updates []func()
+	var updates []func() hcl.Diagnostics
 	for _, p := range f.Plugins {
 		r, ok := s.runners[p.Label]
-		switch {
-		case !ok:
-			r = newRunner(s, p)
+		if !ok {
+			r = newRunner(s, p, f.Mesh)
 			s.runners[p.Label] = r
 			r.start(ctx)
 			s.logger.Info("plugin started", "plugin", p.Label, "bundled", p.Bundled, "path", p.Path)
-		case !r.cfg.Same(p) || meshChanged:
-			old := r
-			nr := newRunner(s, p)
-			s.runners[p.Label] = nr
-			updates = append(updates, func() {
-				old.stop()
-				nr.start(ctx)
-				s.logger.Info("plugin restarted with its new block", "plugin", p.Label)
-			})
-		default:
-			updates = append(updates, func() {
-				if d := r.update(ctx, p); d.HasErrors() {
-					diags = append(diags, d...)
-				}
-			})
+			continue
 		}
+		updates = append(updates, func() hcl.Diagnostics { return r.update(ctx, p, f.Mesh) })
 	}
 	s.order = order
 	s.mu.Unlock()
 
 	for _, r := range stopping {
 		r.stop()
-		s.store.RemovePlugin(r.cfg.Label)
-		s.logger.Info("plugin stopped: removed from config", "plugin", r.cfg.Label)
+		s.store.RemovePlugin(r.label)
+		s.logger.Info("plugin stopped: removed from config", "plugin", r.label)
 	}
+	var diags hcl.Diagnostics
 	for _, u := range updates {
-		u()
+		if d := u(); d.HasErrors() {
+			diags = append(diags, d...)
+		}
 	}
 	s.store.SetPluginOrder(order)
 	return diags
@@ -250,6 +229,21 @@ func (s *Supervisor) Statuses() []Status {
 	return out
 }
 
+// Running returns the block the plugin runs: the last one its Configure
+// accepted, which a restart uses, with its decoded config. It is nil
+// before the plugin accepted one; latest reports whether it is the last
+// block applied, rather than an earlier one kept because the plugin
+// refused the last, or has not taken it yet.
+func (s *Supervisor) Running(label string) (cfg *config.Plugin, latest bool) {
+	s.mu.Lock()
+	r, ok := s.runners[label]
+	s.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return r.running()
+}
+
 // Ready reports whether every plugin has delivered its first snapshot or
 // its sync timeout has passed since the supervisor started it.
 func (s *Supervisor) Ready(now time.Time) (bool, []string) {
@@ -258,8 +252,8 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	var waiting []string
 	for _, label := range s.order {
 		r := s.runners[label]
-		st := r.snapshot()
-		if !st.SnapshotReceived && now.Sub(r.created) < r.cfg.SyncTimeout {
+		received, syncTimeout := r.readiness()
+		if !received && now.Sub(r.created) < syncTimeout {
 			waiting = append(waiting, label)
 		}
 	}

@@ -249,7 +249,7 @@ func (h *server) config() *config.File {
 	return h.current
 }
 
-func (h *server) effectiveConfig() any { return effectiveConfig(h.config()) }
+func (h *server) effectiveConfig() any { return effectiveConfig(h.config(), h.sup.Running) }
 
 // failures are the components that died, for /readyz.
 type failures struct {
@@ -270,15 +270,29 @@ func (f *failures) list() []string {
 }
 
 // effectiveConfig is /debug/configz: the file as the host understood it,
-// with defaults filled in and each plugin's decoded config block.
-func effectiveConfig(f *config.File) any {
+// with defaults filled in and each plugin's decoded config block. A plugin
+// shows the block it runs, as running returns it; "running" is false
+// until it accepted one, and "file" holds the file's block while the
+// plugin runs an earlier one (it refused the file's, or has not taken it
+// yet).
+func effectiveConfig(f *config.File, running func(label string) (*config.Plugin, bool)) any {
 	type pluginView struct {
 		*config.Plugin
-		Config any `json:"config"`
+		Config  any         `json:"config"`
+		Running bool        `json:"running"`
+		File    *pluginView `json:"file,omitempty"`
 	}
 	plugins := make([]pluginView, 0, len(f.Plugins))
 	for _, p := range f.Plugins {
-		plugins = append(plugins, pluginView{Plugin: p, Config: rawJSON(p.ConfigJSON)})
+		v := pluginView{Plugin: p, Config: rawJSON(p.ConfigJSON)}
+		if run, latest := running(p.Label); run != nil {
+			if !latest {
+				file := v
+				v.File = &file
+			}
+			v.Plugin, v.Config, v.Running = run, rawJSON(run.ConfigJSON), true
+		}
+		plugins = append(plugins, v)
 	}
 	return map[string]any{
 		"file":    f.Filename,
