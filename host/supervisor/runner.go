@@ -517,11 +517,23 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 	}
 	r.mu.Unlock()
 	js, err := r.configureChecked(ctx, pc, schema, g)
-	if err != nil {
-		// Whatever the failure, the plugin keeps the block it had: a
-		// restart must not bring up one it refused or failed on.
+	var cerr configErr
+	switch {
+	case errors.As(err, &cerr):
+		// The plugin refused the block: it keeps the one it had, and a
+		// restart must not bring up the refused one.
 		r.reject(g.n, err)
 		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: err.Error(), Subject: cfg.DeclRange.Ptr()}}
+	case err != nil:
+		// The call failed, not the block: the plugin died or hangs. The
+		// block stays desired, so the restart that follows (the runner's
+		// own, after a death, or this one, for a hung plugin) starts
+		// with it.
+		r.logger.Warn("plugin could not take its new block; restarting it with that block", "error", err)
+		r.mu.Lock()
+		signal(r.restart)
+		r.mu.Unlock()
+		return nil
 	}
 	r.commit(g, js)
 	return nil
