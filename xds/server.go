@@ -49,8 +49,13 @@ type Server struct {
 	lastAt    time.Time // last change of the pending batch
 	wake      chan struct{}
 
+	// fullLogged is when a full response channel was last logged, so a
+	// stuck stream cannot flood the log; guarded by the cache's lock.
+	fullLogged time.Time
+	fullQuiet  int // full channels not logged since
+
 	nodesMu sync.Mutex
-	streams map[int64]*streamInfo
+	streams map[int64]*streamInfo // by streamKey
 
 	// onPush, if set, observes every push, for tests.
 	onPush func(PushStats, model.Change)
@@ -62,6 +67,7 @@ type metrics struct {
 	convergence prometheus.Histogram
 	clients     prometheus.Gauge
 	nacks       *prometheus.CounterVec
+	full        *prometheus.CounterVec
 }
 
 // streamInfo is one connected client, for /debug/adsz.
@@ -131,10 +137,15 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 			nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "estuary_xds_nacks_total", Help: "Responses rejected by clients, by type.",
 			}, []string{"type"}),
+			full: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_response_retries_total",
+				Help: "Responses a stream had no room for, by type: each is retried, none is dropped. Should stay 0.",
+			}, []string{"type"}),
 		},
 	}
+	s.cache.onFull = s.responseFull
 	if reg != nil {
-		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks)
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full)
 	}
 	upstream.Subscribe(s.notify)
 	return s
@@ -273,6 +284,19 @@ func (s *Server) push(change model.Change, first time.Time) {
 	}
 }
 
+// responseFull counts a response that found its stream's channel full, and
+// logs it at most every ten seconds. It runs under the cache's lock.
+func (s *Server) responseFull(v model.View, t typ, retry time.Duration) {
+	s.metrics.full.WithLabelValues(typeNames[t]).Inc()
+	now := time.Now()
+	if now.Sub(s.fullLogged) < 10*time.Second {
+		s.fullQuiet++
+		return
+	}
+	s.logger.Warn("xDS stream had no room for a response; retrying", "type", typeNames[t], "view", v.String(), "retry_in", retry, "unlogged_since_last", s.fullQuiet)
+	s.fullLogged, s.fullQuiet = now, 0
+}
+
 // PushNow applies a change without debouncing, for tests and benchmarks.
 func (s *Server) PushNow(change model.Change) PushStats { return s.cache.Push(change) }
 
@@ -289,38 +313,51 @@ func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
 		return func(_ context.Context, id int64, _ string) error {
 			s.nodesMu.Lock()
-			s.streams[id] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			s.streams[streamKey(delta, id)] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
 			s.nodesMu.Unlock()
 			s.metrics.clients.Inc()
 			return nil
 		}
 	}
-	closed := func(id int64, _ *corev3.Node) {
-		s.nodesMu.Lock()
-		delete(s.streams, id)
-		s.nodesMu.Unlock()
-		s.metrics.clients.Dec()
+	closed := func(delta bool) func(int64, *corev3.Node) {
+		return func(id int64, _ *corev3.Node) {
+			s.nodesMu.Lock()
+			delete(s.streams, streamKey(delta, id))
+			s.nodesMu.Unlock()
+			s.metrics.clients.Dec()
+		}
 	}
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc:        open(false),
 		DeltaStreamOpenFunc:   open(true),
-		StreamClosedFunc:      closed,
-		DeltaStreamClosedFunc: closed,
+		StreamClosedFunc:      closed(false),
+		DeltaStreamClosedFunc: closed(true),
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			s.request(streamKey(false, id), req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			s.request(id, req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			s.request(streamKey(true, id), req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
-			s.sent(id, req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+			s.sent(streamKey(false, id), req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
-			s.sent(id, req.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+			s.sent(streamKey(true, id), req.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 	}
+}
+
+// streamKey keys a stream in Server.streams. go-control-plane numbers
+// SotW and Delta streams with separate counters, both from 1, so the ID
+// alone would let a Delta stream overwrite (and its close delete) a SotW
+// stream's entry: Delta streams are kept under the negated ID.
+func streamKey(delta bool, id int64) int64 {
+	if delta {
+		return -id
+	}
+	return id
 }
 
 // request records a client request: the node's identity on its first
