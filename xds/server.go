@@ -32,6 +32,18 @@ type Options struct {
 	// DebounceMax bounds how long changes may keep postponing a push. Zero
 	// DebounceAfter pushes every change at once.
 	DebounceAfter, DebounceMax time.Duration
+	// MaxConnectionAge is how long a client connection may live before
+	// the server sends it a GOAWAY, so that clients spread over replicas
+	// after a rollout instead of staying on the first one up. grpc-go
+	// adds a random ±10% to it per connection, so a fleet that connected
+	// at once does not reconnect at once. Zero: connections live forever.
+	MaxConnectionAge time.Duration
+	// DrainGrace is how long streams keep being served after a GOAWAY,
+	// whether from MaxConnectionAge or from the end of Run's context,
+	// before their connection is closed. ADS streams never end by
+	// themselves, so this is how long a client has to take what is in
+	// flight and move to another server. Zero closes them at once.
+	DrainGrace time.Duration
 }
 
 // Server is the ADS server.
@@ -167,7 +179,7 @@ func (s *Server) Listen() (net.Addr, error) {
 }
 
 // Run serves ADS on the address bound by Listen and pushes debounced
-// changes until ctx ends; then it closes every stream and returns nil. If
+// changes until ctx ends; then it drains (see drain) and returns nil. If
 // gRPC stops serving on its own (the listener failed), Run stops pushing
 // and returns the error: clients can no longer reach this server, so the
 // host must not look ready.
@@ -175,23 +187,31 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.ln == nil {
 		return errors.New("xds: Run before Listen")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Streams and pushes outlive ctx by the drain: they stop only once the
+	// connections are closed, so a client is served until it leaves.
+	serving, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	kp := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionAge: s.opts.MaxConnectionAge}
+	if s.opts.MaxConnectionAge > 0 {
+		// grpc-go reads a zero grace as "forever"; a zero DrainGrace means
+		// close at once.
+		kp.MaxConnectionAgeGrace = max(s.opts.DrainGrace, time.Nanosecond)
+	}
 	srv := grpc.NewServer(
 		grpc.MaxConcurrentStreams(1<<20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(kp),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	// Ordered ADS: responses leave in the order the cache issues them
 	// (clusters, endpoints, listeners, routes), so a client never gets a
 	// listener before the cluster it names.
-	xs := serverv3.NewServer(ctx, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
+	xs := serverv3.NewServer(serving, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xs)
 
 	debounced := make(chan struct{})
 	go func() {
 		defer close(debounced)
-		s.debounce(ctx)
+		s.debounce(serving)
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(s.ln) }()
@@ -199,9 +219,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
-		// Stop, not GracefulStop: ADS streams never end by themselves,
-		// and clients reconnect to another replica at once.
-		srv.Stop()
+		s.drain(srv)
 		<-served
 	case err = <-served:
 		// Serve returns nil only after Stop, which nothing else calls.
@@ -210,10 +228,35 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		err = fmt.Errorf("xds: serve %s: %w", s.ln.Addr(), err)
 		srv.Stop()
-		cancel()
 	}
+	stopServing()
 	<-debounced
 	return err
+}
+
+// drain stops srv as a replica leaving a fleet should: a GOAWAY on every
+// connection at once (the listener closes, so clients reconnect to
+// another replica, not this one), pushes still reaching the streams that
+// stay for up to DrainGrace, then the connections closed. A client's
+// stream then ends with Unavailable, which xDS clients (Envoy, gRPC)
+// answer by reconnecting with backoff; since the connection already had
+// its GOAWAY, they reconnect elsewhere, not in a storm at this replica.
+func (s *Server) drain(srv *grpc.Server) {
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop() // GOAWAY; returns once every connection is gone
+		close(stopped)
+	}()
+	grace := time.NewTimer(s.opts.DrainGrace)
+	defer grace.Stop()
+	select {
+	case <-stopped:
+		return
+	case <-grace.C:
+	}
+	s.logger.Info("drain grace over; closing the remaining xDS streams", "streams", len(s.Clients()), "grace", s.opts.DrainGrace)
+	srv.Stop()
+	<-stopped
 }
 
 // notify records a change from upstream for the next push. It runs on the

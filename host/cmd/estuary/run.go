@@ -120,7 +120,8 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
-	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax},
+	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax,
+		MaxConnectionAge: file.XDS.MaxConnectionAge, DrainGrace: file.XDS.DrainGrace},
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
 		logger, reg)
@@ -228,6 +229,9 @@ func (h *server) reload() {
 	file := h.config()
 	if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
 		h.logger.Warn("listen addresses change only on restart")
+	}
+	if next.XDS.MaxConnectionAge != file.XDS.MaxConnectionAge || next.XDS.DrainGrace != file.XDS.DrainGrace {
+		h.logger.Warn("xds max_connection_age and drain_grace change only on restart")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
