@@ -21,7 +21,7 @@ import (
 
 // runStoppable runs s and returns its address and a stop that ends Run's
 // context and returns Run's result.
-func runStoppable(t *testing.T, s *Server) (string, func() error) {
+func runStoppable(t testing.TB, s *Server) (string, func() error) {
 	t.Helper()
 	addr, err := s.Listen()
 	if err != nil {
