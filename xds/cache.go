@@ -62,6 +62,13 @@ type Cache struct {
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
+	// held is true until Release: watches are opened and kept, but none
+	// is answered, so no client sees a config the host has not finished
+	// loading. Guarded by mu.
+	held bool
+	// onHold, if set, is called for each watch opened while held, for tests.
+	onHold func()
+
 	// onFull, if set, is called when a response could not be handed to
 	// its stream because the stream's response channel was full; the
 	// watch stays open and is answered again after retry.
@@ -273,6 +280,9 @@ func (c *Cache) open(v model.View, w *watch) func() {
 	if c.respondLocked(w) {
 		return func() {}
 	}
+	if c.held && c.onHold != nil {
+		c.onHold()
+	}
 	if w.wildcard {
 		vs.wildcard[w.t][w] = struct{}{}
 	}
@@ -313,6 +323,9 @@ func (c *Cache) forgetLocked(w *watch) {
 // was sent when it was sent, so a NACKed version is never sent again: only
 // a new version of the resource is.
 func (c *Cache) respondLocked(w *watch) bool {
+	if c.held {
+		return false
+	}
 	vs := w.vs
 	names := w.names
 	if w.wildcard {
@@ -479,6 +492,41 @@ func (c *Cache) retry(w *watch) {
 	if c.respondLocked(w) {
 		c.forgetLocked(w)
 	}
+}
+
+// Hold makes the cache keep every watch unanswered until Release.
+func (c *Cache) Hold() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.held = true
+}
+
+// Release ends Hold: every watch opened meanwhile is answered with the
+// current state, and watches are answered as they come from then on. It
+// returns how many watches it answered.
+func (c *Cache) Release() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.held {
+		return 0
+	}
+	c.held = false
+	n := 0
+	for _, vs := range c.views {
+		for t := range numTypes {
+			waiting := maps.Clone(vs.wildcard[t])
+			for _, set := range vs.byName[t] {
+				maps.Copy(waiting, set)
+			}
+			for w := range waiting {
+				if c.respondLocked(w) {
+					c.forgetLocked(w)
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // Fetch is the REST polling API, which Estuary does not serve.

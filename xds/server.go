@@ -44,6 +44,13 @@ type Options struct {
 	// themselves, so this is how long a client has to take what is in
 	// flight and move to another server. Zero closes them at once.
 	DrainGrace time.Duration
+	// Ready, if not nil, holds every client until it is closed: streams
+	// are accepted and their requests kept, but nothing is answered, so
+	// no client receives a config the host has not finished loading (a
+	// registry missing from it would read as "deleted"). Once Ready is
+	// closed every held request is answered with the current state. The
+	// host closes it when /readyz first turns true; it never reopens.
+	Ready <-chan struct{}
 }
 
 // Server is the ADS server.
@@ -80,6 +87,7 @@ type metrics struct {
 	clients     prometheus.Gauge
 	nacks       *prometheus.CounterVec
 	full        *prometheus.CounterVec
+	ready       prometheus.Gauge
 }
 
 // streamInfo is one connected client, for /debug/adsz.
@@ -153,11 +161,19 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 				Name: "estuary_xds_response_retries_total",
 				Help: "Responses a stream had no room for, by type: each is retried, none is dropped. Should stay 0.",
 			}, []string{"type"}),
+			ready: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "estuary_xds_ready", Help: "1 once clients are answered; 0 while they are held until the host is ready.",
+			}),
 		},
 	}
 	s.cache.onFull = s.responseFull
+	if opts.Ready != nil {
+		s.cache.Hold()
+	} else {
+		s.metrics.ready.Set(1)
+	}
 	if reg != nil {
-		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full)
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready)
 	}
 	upstream.Subscribe(s.notify)
 	return s
@@ -213,6 +229,11 @@ func (s *Server) Run(ctx context.Context) error {
 		defer close(debounced)
 		s.debounce(serving)
 	}()
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		s.awaitReady(serving)
+	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(s.ln) }()
 
@@ -231,7 +252,34 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	stopServing()
 	<-debounced
+	<-released
 	return err
+}
+
+// awaitReady waits for Options.Ready, then answers the held watches,
+// unless ctx ends first. Pushes go on while held: they keep the cache
+// current and answer no one.
+func (s *Server) awaitReady(ctx context.Context) {
+	if s.opts.Ready == nil {
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-s.opts.Ready:
+	}
+	// The change that made the host ready may still be debouncing: push
+	// what is pending first, so the held clients get all of it.
+	s.pendingMu.Lock()
+	change, first := s.pending, s.firstAt
+	s.pending = model.Change{}
+	s.pendingMu.Unlock()
+	if !change.Empty() {
+		s.push(change, first)
+	}
+	n := s.cache.Release()
+	s.metrics.ready.Set(1)
+	s.logger.Info("host ready: answered the clients that waited", "responses", n)
 }
 
 // drain stops srv as a replica leaving a fleet should: a GOAWAY on every
