@@ -37,20 +37,13 @@ func startServer(t *testing.T, f *fixture) (*Server, *prometheus.Registry, strin
 // The test fails if Run does not end cleanly when its context does.
 func serve(tb testing.TB, s *Server) string {
 	tb.Helper()
-	addr, err := s.Listen()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	addr, stop := runStoppable(tb, s)
 	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			tb.Errorf("Run after its context ended: %v", err)
 		}
 	})
-	return addr.String()
+	return addr
 }
 
 func adsClient(t *testing.T, addr string) discoveryv3.AggregatedDiscoveryServiceClient {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -61,6 +62,17 @@ type Cache struct {
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
+	// held is true until Release: watches are opened and kept, but none
+	// is answered, so no client sees a config the host has not finished
+	// loading. Guarded by mu.
+	held bool
+	// onHold, if set, is called for each watch opened while held, for tests.
+	onHold func()
+
+	// onFull, if set, is called when a response could not be handed to
+	// its stream because the stream's response channel was full; the
+	// watch stays open and is answered again after retry.
+	onFull func(v model.View, t typ, retry time.Duration)
 }
 
 var _ cache.Cache = (*Cache)(nil)
@@ -231,6 +243,11 @@ type watch struct {
 	deltaCh  chan cache.DeltaResponse
 	names    []string
 	wildcard bool
+	// cancelled is set once the server closes the watch; retrying is set
+	// while a retry of a full channel is scheduled, backoff is its delay.
+	// All three are guarded by Cache.mu.
+	cancelled, retrying bool
+	backoff             time.Duration
 }
 
 // CreateWatch opens a State of the World watch.
@@ -263,6 +280,9 @@ func (c *Cache) open(v model.View, w *watch) func() {
 	if c.respondLocked(w) {
 		return func() {}
 	}
+	if c.held && c.onHold != nil {
+		c.onHold()
+	}
 	if w.wildcard {
 		vs.wildcard[w.t][w] = struct{}{}
 	}
@@ -284,6 +304,7 @@ func (c *Cache) cancel(w *watch) {
 }
 
 func (c *Cache) forgetLocked(w *watch) {
+	w.cancelled = true
 	delete(w.vs.wildcard[w.t], w)
 	for _, n := range w.names {
 		if set := w.vs.byName[w.t][n]; set != nil {
@@ -297,10 +318,14 @@ func (c *Cache) forgetLocked(w *watch) {
 
 // respondLocked answers w if the client lacks anything it should have, and
 // reports whether it did. A watch answers at most once: the server opens a
-// new one with the client's next request. The subscription records what
+// new one with the client's next request. If the stream's channel had no
+// room, w is not answered: it stays open and a retry is scheduled. The subscription records what
 // was sent when it was sent, so a NACKed version is never sent again: only
 // a new version of the resource is.
 func (c *Cache) respondLocked(w *watch) bool {
+	if c.held {
+		return false
+	}
 	vs := w.vs
 	names := w.names
 	if w.wildcard {
@@ -343,8 +368,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 		if w.wildcard {
 			version = vs.fullVersion(w.t)
 		}
-		c.sendSotW(w, send, next, version)
-		return true
+		return c.sendSotW(w, send, next, version)
 	}
 	for _, n := range names {
 		if r := c.resourceLocked(vs, w.t, n); r != nil && returned[n] != r.Version() {
@@ -374,16 +398,14 @@ func (c *Cache) respondLocked(w *watch) bool {
 	}
 	if w.deltaCh != nil {
 		slices.Sort(removed)
-		c.sendDelta(w, send, removed, next)
-	} else {
-		c.sendSotW(w, send, next, "")
+		return c.sendDelta(w, send, removed, next)
 	}
-	return true
+	return c.sendSotW(w, send, next, "")
 }
 
 // sendSotW answers a State of the World watch; version, if empty, is a new
-// number.
-func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, version string) {
+// number. It reports whether the response was handed to the stream.
+func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, version string) bool {
 	c.version++
 	if version == "" {
 		version = strconv.FormatUint(c.version, 10)
@@ -393,31 +415,118 @@ func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, v
 		anys[i] = r.Any
 	}
 	resp := &sotwResponse{req: w.sotwReq, version: version, resources: anys, returned: returned}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs))
-	}
 	select {
 	case w.sotwCh <- resp:
 	default:
-		// The server keeps one response per type in flight; a full channel
-		// means the stream is gone.
+		return c.fullLocked(w)
 	}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, len(rs))
+	}
+	return true
 }
 
-func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) {
+func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) bool {
 	c.version++
 	out := make([]*discoveryv3.Resource, len(rs))
 	for i, r := range rs {
 		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs)+len(removed))
-	}
 	select {
 	case w.deltaCh <- resp:
 	default:
+		return c.fullLocked(w)
 	}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, len(rs)+len(removed))
+	}
+	return true
+}
+
+// Why a send cannot block, and why it should never find a full channel:
+// every send happens under c.mu, and the stream's goroutine takes c.mu to
+// cancel a watch before it drains its channel, so a blocking send could
+// deadlock. go-control-plane gives a stream one channel for all its types
+// (ordered SotW ADS: capacity types.UnknownType; Delta: twice that). A watch
+// here is answered at most once, and the server cancels a type's watch, and
+// drains (SotW) or sends (Delta) what is queued, before it opens the next.
+// So a SotW channel holds at most one response per type, a Delta channel at
+// most two, and Estuary serves four types: a send always finds room, even
+// when the client has stopped reading and its stream is blocked in Send.
+//
+// If that ever stops holding (a go-control-plane change), the response is
+// not dropped silently: fullLocked counts and logs it through onFull, keeps
+// the watch open and answers it again after a backoff, with whatever is
+// current then. Nothing else is lost: the subscription records what was
+// returned only when a response is actually sent.
+const (
+	retryMin = 10 * time.Millisecond
+	retryMax = time.Second
+)
+
+// fullLocked handles a response the stream had no room for; it reports
+// false, as the watch was not answered.
+func (c *Cache) fullLocked(w *watch) bool {
+	if w.retrying {
+		return false
+	}
+	w.backoff = min(max(2*w.backoff, retryMin), retryMax)
+	w.retrying = true
+	if c.onFull != nil {
+		c.onFull(w.vs.view, w.t, w.backoff)
+	}
+	time.AfterFunc(w.backoff, func() { c.retry(w) })
+	return false
+}
+
+// retry answers a watch whose last response found its channel full, unless
+// the server has closed it since.
+func (c *Cache) retry(w *watch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.retrying = false
+	if w.cancelled {
+		return
+	}
+	if c.respondLocked(w) {
+		c.forgetLocked(w)
+	}
+}
+
+// Hold makes the cache keep every watch unanswered until Release.
+func (c *Cache) Hold() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.held = true
+}
+
+// Release ends Hold: every watch opened meanwhile is answered with the
+// current state, and watches are answered as they come from then on. It
+// returns how many watches it answered.
+func (c *Cache) Release() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.held {
+		return 0
+	}
+	c.held = false
+	n := 0
+	for _, vs := range c.views {
+		for t := range numTypes {
+			waiting := maps.Clone(vs.wildcard[t])
+			for _, set := range vs.byName[t] {
+				maps.Copy(waiting, set)
+			}
+			for w := range waiting {
+				if c.respondLocked(w) {
+					c.forgetLocked(w)
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // Fetch is the REST polling API, which Estuary does not serve.

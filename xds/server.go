@@ -32,6 +32,25 @@ type Options struct {
 	// DebounceMax bounds how long changes may keep postponing a push. Zero
 	// DebounceAfter pushes every change at once.
 	DebounceAfter, DebounceMax time.Duration
+	// MaxConnectionAge is how long a client connection may live before
+	// the server sends it a GOAWAY, so that clients spread over replicas
+	// after a rollout instead of staying on the first one up. grpc-go
+	// adds a random ±10% to it per connection, so a fleet that connected
+	// at once does not reconnect at once. Zero: connections live forever.
+	MaxConnectionAge time.Duration
+	// DrainGrace is how long streams keep being served after a GOAWAY,
+	// whether from MaxConnectionAge or from the end of Run's context,
+	// before their connection is closed. ADS streams never end by
+	// themselves, so this is how long a client has to take what is in
+	// flight and move to another server. Zero closes them at once.
+	DrainGrace time.Duration
+	// Ready, if not nil, holds every client until it is closed: streams
+	// are accepted and their requests kept, but nothing is answered, so
+	// no client receives a config the host has not finished loading (a
+	// registry missing from it would read as "deleted"). Once Ready is
+	// closed every held request is answered with the current state. The
+	// host closes it when /readyz first turns true; it never reopens.
+	Ready <-chan struct{}
 }
 
 // Server is the ADS server.
@@ -49,8 +68,13 @@ type Server struct {
 	lastAt    time.Time // last change of the pending batch
 	wake      chan struct{}
 
+	// fullLogged is when a full response channel was last logged, so a
+	// stuck stream cannot flood the log; guarded by the cache's lock.
+	fullLogged time.Time
+	fullQuiet  int // full channels not logged since
+
 	nodesMu sync.Mutex
-	streams map[int64]*streamInfo
+	streams map[int64]*streamInfo // by streamKey
 
 	// onPush, if set, observes every push, for tests.
 	onPush func(PushStats, model.Change)
@@ -62,6 +86,8 @@ type metrics struct {
 	convergence prometheus.Histogram
 	clients     prometheus.Gauge
 	nacks       *prometheus.CounterVec
+	full        *prometheus.CounterVec
+	ready       prometheus.Gauge
 }
 
 // streamInfo is one connected client, for /debug/adsz.
@@ -131,10 +157,23 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 			nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "estuary_xds_nacks_total", Help: "Responses rejected by clients, by type.",
 			}, []string{"type"}),
+			full: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_response_retries_total",
+				Help: "Responses a stream had no room for, by type: each is retried, none is dropped. Should stay 0.",
+			}, []string{"type"}),
+			ready: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "estuary_xds_ready", Help: "1 once clients are answered; 0 while they are held until the host is ready.",
+			}),
 		},
 	}
+	s.cache.onFull = s.responseFull
+	if opts.Ready != nil {
+		s.cache.Hold()
+	} else {
+		s.metrics.ready.Set(1)
+	}
 	if reg != nil {
-		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks)
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready)
 	}
 	upstream.Subscribe(s.notify)
 	return s
@@ -156,7 +195,7 @@ func (s *Server) Listen() (net.Addr, error) {
 }
 
 // Run serves ADS on the address bound by Listen and pushes debounced
-// changes until ctx ends; then it closes every stream and returns nil. If
+// changes until ctx ends; then it drains (see drain) and returns nil. If
 // gRPC stops serving on its own (the listener failed), Run stops pushing
 // and returns the error: clients can no longer reach this server, so the
 // host must not look ready.
@@ -164,23 +203,36 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.ln == nil {
 		return errors.New("xds: Run before Listen")
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Streams and pushes outlive ctx by the drain: they stop only once the
+	// connections are closed, so a client is served until it leaves.
+	serving, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	kp := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionAge: s.opts.MaxConnectionAge}
+	if s.opts.MaxConnectionAge > 0 {
+		// grpc-go reads a zero grace as "forever"; a zero DrainGrace means
+		// close at once.
+		kp.MaxConnectionAgeGrace = max(s.opts.DrainGrace, time.Nanosecond)
+	}
 	srv := grpc.NewServer(
 		grpc.MaxConcurrentStreams(1<<20),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(kp),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	// Ordered ADS: responses leave in the order the cache issues them
 	// (clusters, endpoints, listeners, routes), so a client never gets a
 	// listener before the cluster it names.
-	xs := serverv3.NewServer(ctx, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
+	xs := serverv3.NewServer(serving, s.cache, s.callbacks(), sotwv3.WithOrderedADS())
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xs)
 
 	debounced := make(chan struct{})
 	go func() {
 		defer close(debounced)
-		s.debounce(ctx)
+		s.debounce(serving)
+	}()
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		s.awaitReady(serving)
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(s.ln) }()
@@ -188,9 +240,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
-		// Stop, not GracefulStop: ADS streams never end by themselves,
-		// and clients reconnect to another replica at once.
-		srv.Stop()
+		s.drain(srv)
 		<-served
 	case err = <-served:
 		// Serve returns nil only after Stop, which nothing else calls.
@@ -199,10 +249,62 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		err = fmt.Errorf("xds: serve %s: %w", s.ln.Addr(), err)
 		srv.Stop()
-		cancel()
 	}
+	stopServing()
 	<-debounced
+	<-released
 	return err
+}
+
+// awaitReady waits for Options.Ready, then answers the held watches,
+// unless ctx ends first. Pushes go on while held: they keep the cache
+// current and answer no one.
+func (s *Server) awaitReady(ctx context.Context) {
+	if s.opts.Ready == nil {
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-s.opts.Ready:
+	}
+	// The change that made the host ready may still be debouncing: push
+	// what is pending first, so the held clients get all of it.
+	s.pendingMu.Lock()
+	change, first := s.pending, s.firstAt
+	s.pending = model.Change{}
+	s.pendingMu.Unlock()
+	if !change.Empty() {
+		s.push(change, first)
+	}
+	n := s.cache.Release()
+	s.metrics.ready.Set(1)
+	s.logger.Info("host ready: answered the clients that waited", "responses", n)
+}
+
+// drain stops srv as a replica leaving a fleet should: a GOAWAY on every
+// connection at once (the listener closes, so clients reconnect to
+// another replica, not this one), pushes still reaching the streams that
+// stay for up to DrainGrace, then the connections closed. A client's
+// stream then ends with Unavailable, which xDS clients (Envoy, gRPC)
+// answer by reconnecting with backoff; since the connection already had
+// its GOAWAY, they reconnect elsewhere, not in a storm at this replica.
+func (s *Server) drain(srv *grpc.Server) {
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop() // GOAWAY; returns once every connection is gone
+		close(stopped)
+	}()
+	grace := time.NewTimer(s.opts.DrainGrace)
+	defer grace.Stop()
+	select {
+	case <-stopped:
+		return
+	case <-grace.C:
+	}
+	s.logger.Info("drain grace over; closing the remaining xDS streams", "streams", len(s.Clients()), "grace", s.opts.DrainGrace)
+	srv.Stop()
+	<-stopped
 }
 
 // notify records a change from upstream for the next push. It runs on the
@@ -273,6 +375,19 @@ func (s *Server) push(change model.Change, first time.Time) {
 	}
 }
 
+// responseFull counts a response that found its stream's channel full, and
+// logs it at most every ten seconds. It runs under the cache's lock.
+func (s *Server) responseFull(v model.View, t typ, retry time.Duration) {
+	s.metrics.full.WithLabelValues(typeNames[t]).Inc()
+	now := time.Now()
+	if now.Sub(s.fullLogged) < 10*time.Second {
+		s.fullQuiet++
+		return
+	}
+	s.logger.Warn("xDS stream had no room for a response; retrying", "type", typeNames[t], "view", v.String(), "retry_in", retry, "unlogged_since_last", s.fullQuiet)
+	s.fullLogged, s.fullQuiet = now, 0
+}
+
 // PushNow applies a change without debouncing, for tests and benchmarks.
 func (s *Server) PushNow(change model.Change) PushStats { return s.cache.Push(change) }
 
@@ -289,38 +404,51 @@ func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
 		return func(_ context.Context, id int64, _ string) error {
 			s.nodesMu.Lock()
-			s.streams[id] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			s.streams[streamKey(delta, id)] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
 			s.nodesMu.Unlock()
 			s.metrics.clients.Inc()
 			return nil
 		}
 	}
-	closed := func(id int64, _ *corev3.Node) {
-		s.nodesMu.Lock()
-		delete(s.streams, id)
-		s.nodesMu.Unlock()
-		s.metrics.clients.Dec()
+	closed := func(delta bool) func(int64, *corev3.Node) {
+		return func(id int64, _ *corev3.Node) {
+			s.nodesMu.Lock()
+			delete(s.streams, streamKey(delta, id))
+			s.nodesMu.Unlock()
+			s.metrics.clients.Dec()
+		}
 	}
 	return serverv3.CallbackFuncs{
 		StreamOpenFunc:        open(false),
 		DeltaStreamOpenFunc:   open(true),
-		StreamClosedFunc:      closed,
-		DeltaStreamClosedFunc: closed,
+		StreamClosedFunc:      closed(false),
+		DeltaStreamClosedFunc: closed(true),
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			s.request(id, req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			s.request(streamKey(false, id), req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			s.request(id, req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			s.request(streamKey(true, id), req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
-			s.sent(id, req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+			s.sent(streamKey(false, id), req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
-			s.sent(id, req.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+			s.sent(streamKey(true, id), req.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 	}
+}
+
+// streamKey keys a stream in Server.streams. go-control-plane numbers
+// SotW and Delta streams with separate counters, both from 1, so the ID
+// alone would let a Delta stream overwrite (and its close delete) a SotW
+// stream's entry: Delta streams are kept under the negated ID.
+func streamKey(delta bool, id int64) int64 {
+	if delta {
+		return -id
+	}
+	return id
 }
 
 // request records a client request: the node's identity on its first

@@ -1,7 +1,8 @@
 // Package config reads plugins.hcl, the host's configuration file.
 //
 //	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = "" }
-//	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s" }
+//	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s"
+//	          max_connection_age = "30m"  drain_grace = "5s" }
 //	admin   { listen = "127.0.0.1:15014" }
 //	plugin "LABEL" {
 //	  bundled = "consul"          # or: path = "/opt/p"  sha256 = "..."
@@ -41,6 +42,13 @@ const (
 	DefaultDebounceAfter = 100 * time.Millisecond
 	DefaultDebounceMax   = 10 * time.Second
 	DefaultSyncTimeout   = 30 * time.Second
+	// DefaultMaxConnectionAge is istiod's default
+	// (--keepaliveMaxServerConnectionAge).
+	DefaultMaxConnectionAge = 30 * time.Minute
+	DefaultDrainGrace       = 5 * time.Second
+	// MinMaxConnectionAge is the shortest max_connection_age accepted:
+	// shorter would have clients reconnecting more than they are served.
+	MinMaxConnectionAge = time.Second
 )
 
 // File is a decoded plugins.hcl.
@@ -75,6 +83,13 @@ type XDS struct {
 	Listen        string        `json:"listen"`
 	DebounceAfter time.Duration `json:"debounce_after"`
 	DebounceMax   time.Duration `json:"debounce_max"`
+	// MaxConnectionAge sends each client connection a GOAWAY after about
+	// this long (grpc-go adds ±10% per connection), so clients spread
+	// over the replicas after a rollout; 0 keeps connections forever.
+	MaxConnectionAge time.Duration `json:"max_connection_age"`
+	// DrainGrace is how long streams are still served after a GOAWAY,
+	// from max_connection_age or on SIGTERM, before they are closed.
+	DrainGrace time.Duration `json:"drain_grace"`
 }
 
 // Admin configures the admin HTTP server.
@@ -132,6 +147,8 @@ type xdsBlock struct {
 	Listen        *string `hcl:"listen,optional"`
 	DebounceAfter *string `hcl:"debounce_after,optional"`
 	DebounceMax   *string `hcl:"debounce_max,optional"`
+	MaxConnAge    *string `hcl:"max_connection_age,optional"`
+	DrainGrace    *string `hcl:"drain_grace,optional"`
 }
 
 type adminBlock struct {
@@ -167,8 +184,9 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		Filename: filename,
 		Source:   src,
 		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID},
-		XDS:      XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax},
-		Admin:    Admin{Listen: DefaultAdminListen},
+		XDS: XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax,
+			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace},
+		Admin: Admin{Listen: DefaultAdminListen},
 	}
 	content, d := f.Body.Content(rootSchema)
 	diags = append(diags, d...)
@@ -295,6 +313,19 @@ func decodeXDS(b *hcl.Block, x *XDS) hcl.Diagnostics {
 	}
 	if xb.DebounceMax != nil {
 		diags = append(diags, parseDuration(*xb.DebounceMax, attrRange(b.Body, "debounce_max"), &x.DebounceMax)...)
+	}
+	if xb.MaxConnAge != nil {
+		rng := attrRange(b.Body, "max_connection_age")
+		d := parseDuration(*xb.MaxConnAge, rng, &x.MaxConnectionAge)
+		if !d.HasErrors() && x.MaxConnectionAge > 0 && x.MaxConnectionAge < MinMaxConnectionAge {
+			d = append(d, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "max_connection_age is too short",
+				Detail:  fmt.Sprintf("%s would have clients reconnect more than they are served; use at least %s, or \"0\" to keep connections.", x.MaxConnectionAge, MinMaxConnectionAge),
+				Subject: rng.Ptr()})
+		}
+		diags = append(diags, d...)
+	}
+	if xb.DrainGrace != nil {
+		diags = append(diags, parseDuration(*xb.DrainGrace, attrRange(b.Body, "drain_grace"), &x.DrainGrace)...)
 	}
 	if x.DebounceMax < x.DebounceAfter {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "debounce_max is shorter than debounce_after",

@@ -159,6 +159,15 @@ xds {}
 `,
 		want: `plugins.hcl:1:1: error: debounce_max is shorter than debounce_after`,
 	}, {
+		name: "max_connection_age too short and drain_grace negative",
+		src: `xds {
+  max_connection_age = "100ms"
+  drain_grace        = "-1s"
+}
+`,
+		want: "plugins.hcl:2:24: error: max_connection_age is too short: 100ms would have clients reconnect more than they are served; use at least 1s, or \"0\" to keep connections\n" +
+			`plugins.hcl:3:24: error: Invalid duration: "-1s" is not a duration such as "100ms" or "30s"`,
+	}, {
 		name: "unknown bundled plugin by label",
 		src: `plugin "kubernetes" {
 }
@@ -259,8 +268,9 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatalf("unexpected diagnostics:\n%s", diags)
 	}
 	want := config.File{
-		Mesh:  config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: ""},
-		XDS:   config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second},
+		Mesh: config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: ""},
+		XDS: config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second,
+			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second},
 		Admin: config.Admin{Listen: "127.0.0.1:15014"},
 	}
 	if f.Mesh != want.Mesh {
@@ -302,6 +312,8 @@ xds {
   listen         = "0.0.0.0:18000"
   debounce_after = "250ms"
   debounce_max   = "2s"
+  max_connection_age = "0"
+  drain_grace    = "20s"
 }
 admin { listen = "[::1]:18001" }
 networks {
@@ -331,7 +343,7 @@ plugin "hello" {
 	if want := (config.Mesh{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); f.Mesh != want {
 		t.Errorf("mesh = %+v, want %+v", f.Mesh, want)
 	}
-	if want := (config.XDS{Listen: "0.0.0.0:18000", DebounceAfter: 250 * time.Millisecond, DebounceMax: 2 * time.Second}); f.XDS != want {
+	if want := (config.XDS{Listen: "0.0.0.0:18000", DebounceAfter: 250 * time.Millisecond, DebounceMax: 2 * time.Second, DrainGrace: 20 * time.Second}); f.XDS != want {
 		t.Errorf("xds = %+v, want %+v", f.XDS, want)
 	}
 	if f.Admin.Listen != "[::1]:18001" {
@@ -365,8 +377,8 @@ plugin "hello" {
 	if !slices.Equal(hello.Args, []string{"-v", "--x"}) || len(hello.Env) != 1 || hello.Env["GREETING"] != "hi" {
 		t.Errorf("hello args %q env %v", hello.Args, hello.Env)
 	}
-	if hello.PathRange.Start.Line != 28 || hello.SHA256Range.Start.Line != 29 {
-		t.Errorf("path at line %d, sha256 at line %d; want 28 and 29", hello.PathRange.Start.Line, hello.SHA256Range.Start.Line)
+	if hello.PathRange.Start.Line != 30 || hello.SHA256Range.Start.Line != 31 {
+		t.Errorf("path at line %d, sha256 at line %d; want 30 and 31", hello.PathRange.Start.Line, hello.SHA256Range.Start.Line)
 	}
 	// The east block has a config body the plugin's schema decodes later.
 	attrs, _ := f.Plugins[1].Config.JustAttributes()

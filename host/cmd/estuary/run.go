@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/admin"
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/network"
 	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
@@ -89,6 +91,10 @@ type server struct {
 
 	xdsAddr, adminAddr net.Addr
 
+	// ready is xDS's readiness gate, closed once by openWhenReady;
+	// readyWake nudges it when the registry changes.
+	ready, readyWake chan struct{}
+
 	// components are run by run, each until its context ends.
 	components []component
 	failures   failures
@@ -114,13 +120,22 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 
 	// The chain, in the order a change travels it.
 	store := replica.NewStore(reg)
+	h.ready, h.readyWake = make(chan struct{}), make(chan struct{}, 1)
+	store.Subscribe(func(model.Change) {
+		select {
+		case h.readyWake <- struct{}{}:
+		default:
+		}
+	})
 	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self}, logger, store, reg)
 	agg := aggregate.New(store, reg)                     // follows the store
 	h.nets = network.New(agg, logger, network.Options{}) // follows the aggregate
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
-	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax},
+	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax,
+		MaxConnectionAge: file.XDS.MaxConnectionAge, DrainGrace: file.XDS.DrainGrace,
+		Ready: h.ready}, // xDS answers no one before /readyz is first true
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
 		logger, reg)
@@ -175,8 +190,43 @@ func (h *server) run(ctx context.Context, signals <-chan os.Signal, started func
 	for _, d := range h.sup.Apply(h.config()) {
 		h.logger.Warn("plugin config", "problem", d.Error())
 	}
+	// Only now: before Apply the supervisor has no plugins to wait for.
+	g.Go(func() error {
+		h.openWhenReady(ctx)
+		return nil
+	})
 	started()
 	return g.Wait()
+}
+
+// readyPoll is how often openWhenReady checks readiness without a registry
+// change, so that a sync timeout passing (which changes nothing in the
+// registry) opens the gate.
+const readyPoll = 200 * time.Millisecond
+
+// openWhenReady opens xDS's gate the first time the host is ready, by the
+// condition /readyz reports: every plugin has sent its snapshot and every
+// instance has synced, or their sync timeouts have passed. The gate stays
+// open: a plugin restarting later is covered by the replica, which keeps
+// its last-known state serving until the new session has synced.
+func (h *server) openWhenReady(ctx context.Context) {
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	for {
+		ready, waiting := h.admin.Ready(time.Now())
+		if ready {
+			close(h.ready)
+			h.logger.Info("ready: xDS answers clients")
+			return
+		}
+		h.logger.Trace("xDS holds clients until ready", "waiting", waiting)
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.readyWake:
+		case <-tick.C:
+		}
+	}
 }
 
 // runComponent runs c until ctx ends. If c stops before that, it has died:
@@ -228,6 +278,9 @@ func (h *server) reload() {
 	file := h.config()
 	if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
 		h.logger.Warn("listen addresses change only on restart")
+	}
+	if next.XDS.MaxConnectionAge != file.XDS.MaxConnectionAge || next.XDS.DrainGrace != file.XDS.DrainGrace {
+		h.logger.Warn("xds max_connection_age and drain_grace change only on restart")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
