@@ -55,6 +55,21 @@ const (
 	// The plugin reports network gateways. Without it, GatewaysReplaced is a
 	// protocol error.
 	Capability_CAPABILITY_GATEWAYS Capability = 3
+	// The plugin says when its instance set is complete
+	// (WatchResponse.instance_set_complete), exactly once per Watch stream.
+	// Until it does, the host keeps serving, marked stale, the instances it
+	// knew from the plugin's previous stream that the new stream has not
+	// mentioned yet, and readiness waits. Only then is what the new stream
+	// lacks removed. If the flag does not come within the plugin's
+	// sync_timeout (plugins.hcl), the host removes them anyway and turns ready.
+	//
+	// Without this capability (plugins built before it, protocol version 1
+	// either way) the host treats snapshot_done as the instance set being
+	// complete, as it always did: a plugin whose instances are all known when
+	// it subscribes needs nothing more. A plugin that discovers instances at
+	// run time (remote clusters from Secrets, Consul datacenters) must declare
+	// it, or a restart drops what it has not rediscovered yet.
+	Capability_CAPABILITY_INSTANCE_SET Capability = 4
 )
 
 // Enum value maps for Capability.
@@ -64,12 +79,14 @@ var (
 		1: "CAPABILITY_RECONFIGURE",
 		2: "CAPABILITY_MULTI_INSTANCE",
 		3: "CAPABILITY_GATEWAYS",
+		4: "CAPABILITY_INSTANCE_SET",
 	}
 	Capability_value = map[string]int32{
 		"CAPABILITY_UNSPECIFIED":    0,
 		"CAPABILITY_RECONFIGURE":    1,
 		"CAPABILITY_MULTI_INSTANCE": 2,
 		"CAPABILITY_GATEWAYS":       3,
+		"CAPABILITY_INSTANCE_SET":   4,
 	}
 )
 
@@ -994,13 +1011,26 @@ type WatchResponse struct {
 	Snapshot bool `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// snapshot_done is set on the last response of the initial snapshot. After
 	// it, the host removes whatever its replica holds that the snapshot did not
-	// mention. A plugin with nothing to report sends one response with
+	// mention, unless the plugin declared CAPABILITY_INSTANCE_SET: then that
+	// waits for instance_set_complete. A plugin with nothing to report sends one response with
 	// snapshot and snapshot_done set and no events.
 	SnapshotDone bool `protobuf:"varint,3,opt,name=snapshot_done,json=snapshotDone,proto3" json:"snapshot_done,omitempty"`
 	// events in order.
-	Events        []*Event `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Events []*Event `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	// instance_set_complete says that every instance the plugin will report
+	// has now been declared (InstanceAdded) on this stream: the secret
+	// informer has synced and every remote cluster is added, the datacenter
+	// list is known. It is a plugin-level event, so it is a flag on the batch
+	// rather than an Event, which always belongs to one instance. It applies
+	// after the batch's events. It needs CAPABILITY_INSTANCE_SET, may be set
+	// at most once per stream, and only on the snapshot_done response or a
+	// later one. The instances need not be synced yet: each one's own
+	// InstanceSynced still decides when its new state replaces the old. On
+	// it, the host removes the instances of the plugin's previous stream that
+	// this stream has not added (or has removed since).
+	InstanceSetComplete bool `protobuf:"varint,5,opt,name=instance_set_complete,json=instanceSetComplete,proto3" json:"instance_set_complete,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
@@ -1059,6 +1089,13 @@ func (x *WatchResponse) GetEvents() []*Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetInstanceSetComplete() bool {
+	if x != nil {
+		return x.InstanceSetComplete
+	}
+	return false
 }
 
 // InstanceID names one instance inside a plugin. The host adds the plugin's
@@ -2559,12 +2596,13 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\asummary\x18\x02 \x01(\tR\asummary\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x12\n" +
 	"\x04path\x18\x04 \x03(\tR\x04path\"\x0e\n" +
-	"\fWatchRequest\"\xa0\x01\n" +
+	"\fWatchRequest\"\xd4\x01\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12#\n" +
 	"\rsnapshot_done\x18\x03 \x01(\bR\fsnapshotDone\x122\n" +
-	"\x06events\x18\x04 \x03(\v2\x1a.estuary.registry.v1.EventR\x06events\"B\n" +
+	"\x06events\x18\x04 \x03(\v2\x1a.estuary.registry.v1.EventR\x06events\x122\n" +
+	"\x15instance_set_complete\x18\x05 \x01(\bR\x13instanceSetComplete\"B\n" +
 	"\n" +
 	"InstanceID\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x18\n" +
@@ -2682,13 +2720,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\rR\x04port\x12\x1a\n" +
-	"\blocality\x18\x05 \x01(\tR\blocality*|\n" +
+	"\blocality\x18\x05 \x01(\tR\blocality*\x99\x01\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CAPABILITY_RECONFIGURE\x10\x01\x12\x1d\n" +
 	"\x19CAPABILITY_MULTI_INSTANCE\x10\x02\x12\x17\n" +
-	"\x13CAPABILITY_GATEWAYS\x10\x03*H\n" +
+	"\x13CAPABILITY_GATEWAYS\x10\x03\x12\x1b\n" +
+	"\x17CAPABILITY_INSTANCE_SET\x10\x04*H\n" +
 	"\aNesting\x12\x17\n" +
 	"\x13NESTING_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNESTING_SINGLE\x10\x01\x12\x10\n" +

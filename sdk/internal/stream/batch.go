@@ -64,6 +64,11 @@ type Batch struct {
 	// SnapshotDone is set on the snapshot's last batch. After it the host
 	// drops what the snapshot did not mention.
 	SnapshotDone bool
+	// InstanceSetComplete says every instance the plugin will report is
+	// declared; it applies after Events. At most one batch of a stream
+	// carries it. For a plugin without CapabilityInstanceSet the decoder
+	// sets it on the SnapshotDone batch, so a host has one rule for both.
+	InstanceSetComplete bool
 	// Events in order.
 	Events []Event
 }

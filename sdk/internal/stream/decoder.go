@@ -24,15 +24,21 @@ import (
 //     network_ref, locality_ref, service_account_ref) is in range;
 //   - events that need a capability come only from a plugin that declared
 //     it: gateways need GATEWAYS, a second instance at a time needs
-//     MULTI_INSTANCE.
+//     MULTI_INSTANCE, instance_set_complete needs INSTANCE_SET;
+//   - instance_set_complete comes once per stream, on the snapshot_done
+//     response or a later one.
+//
+// For a plugin that did not declare INSTANCE_SET, the snapshot_done batch
+// is decoded with InstanceSetComplete set, as the protocol says.
 //
 // The first violation ends the stream: Decode returns it then and on every
 // later call, because what follows a bad batch cannot be trusted either.
 type Decoder struct {
-	gateways, multiInstance bool
+	gateways, multiInstance, instanceSet bool
 
 	seq          uint64
 	snapshotDone bool
+	setComplete  bool
 	instances    map[sdk.InstanceID]*instance
 	err          *ProtocolError
 }
@@ -52,6 +58,8 @@ func NewDecoder(caps []sdk.Capability) *Decoder {
 			d.gateways = true
 		case sdk.CapabilityMultiInstance:
 			d.multiInstance = true
+		case sdk.CapabilityInstanceSet:
+			d.instanceSet = true
 		}
 	}
 	return d
@@ -84,9 +92,16 @@ func (d *Decoder) decode(resp *registryv1.WatchResponse) (*Batch, *ProtocolError
 		return nil, batchErr("not marked snapshot, but the snapshot is not done")
 	case d.snapshotDone && (resp.GetSnapshot() || resp.GetSnapshotDone()):
 		return nil, batchErr("marked snapshot after the snapshot was done")
+	case resp.GetInstanceSetComplete() && !d.instanceSet:
+		return nil, batchErr("instance_set_complete needs capability %s, which the plugin did not declare", sdk.CapabilityInstanceSet)
+	case resp.GetInstanceSetComplete() && d.setComplete:
+		return nil, batchErr("instance_set_complete sent a second time on the stream")
+	case resp.GetInstanceSetComplete() && !d.snapshotDone && !resp.GetSnapshotDone():
+		return nil, batchErr("instance_set_complete before the snapshot is done")
 	}
 	d.seq = seq
-	b := &Batch{Sequence: seq, Snapshot: resp.GetSnapshot(), SnapshotDone: resp.GetSnapshotDone()}
+	b := &Batch{Sequence: seq, Snapshot: resp.GetSnapshot(), SnapshotDone: resp.GetSnapshotDone(),
+		InstanceSetComplete: resp.GetInstanceSetComplete() || (resp.GetSnapshotDone() && !d.instanceSet)}
 	if evs := resp.GetEvents(); len(evs) > 0 {
 		b.Events = make([]Event, len(evs))
 		for i, pe := range evs {
@@ -97,6 +112,9 @@ func (d *Decoder) decode(resp *registryv1.WatchResponse) (*Batch, *ProtocolError
 	}
 	if b.SnapshotDone {
 		d.snapshotDone = true
+	}
+	if b.InstanceSetComplete {
+		d.setComplete = true
 	}
 	return b, nil
 }
