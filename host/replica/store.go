@@ -258,14 +258,15 @@ func (s *Store) NewSession(plugin string) *Session {
 	return sess
 }
 
-// ExpireAfter arms the session's sync timeout: if the instance set is not
-// complete by then, Expire completes it. The returned function disarms it;
-// call it when the session ends.
+// ExpireAfter arms the session's sync timeout, counted from the session's
+// start: if the instance set is not complete by then, Expire completes it.
+// The returned function disarms it; call it when the session ends.
 func (sess *Session) ExpireAfter(d time.Duration) (stop func() bool) {
 	sess.store.mu.Lock()
-	sess.set.timeoutAt = time.Now().Add(d)
+	sess.set.timeoutAt = sess.set.since.Add(d)
+	at := sess.set.timeoutAt
 	sess.store.mu.Unlock()
-	return time.AfterFunc(d, sess.Expire).Stop
+	return time.AfterFunc(time.Until(at), sess.Expire).Stop
 }
 
 // Expire gives up waiting for the plugin to declare its instance set, as

@@ -54,6 +54,11 @@ type Status struct {
 	// SnapshotReceived is set once the plugin has streamed a complete
 	// snapshot; readiness waits for it.
 	SnapshotReceived bool `json:"snapshot_received"`
+	// InstanceSetComplete is set once a stream of the plugin has declared
+	// every instance it will report; readiness waits for it, or for the
+	// sync timeout. It stays set across restarts: a restarted plugin's
+	// instances serve their last-known state meanwhile.
+	InstanceSetComplete bool `json:"instance_set_complete"`
 }
 
 // runner keeps one plugin running.
@@ -275,6 +280,9 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 	}()
 
 	sess := r.sup.store.NewSession(cfg.Label)
+	// Past the sync timeout, stop waiting for the plugin to declare its
+	// instance set, and drop what it has not declared again.
+	defer sess.ExpireAfter(cfg.SyncTimeout)()
 	for {
 		b, err := stream.Recv()
 		var perr *pluginclient.ProtocolError
@@ -300,9 +308,10 @@ func (r *runner) runOnce(ctx context.Context) (healthy bool, err error) {
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 		}
 		sess.ApplyBatch(b)
-		if b.SnapshotDone {
+		if b.SnapshotDone || b.InstanceSetComplete {
 			r.mu.Lock()
-			r.status.SnapshotReceived = true
+			r.status.SnapshotReceived = r.status.SnapshotReceived || b.SnapshotDone
+			r.status.InstanceSetComplete = r.status.InstanceSetComplete || b.InstanceSetComplete
 			r.mu.Unlock()
 		}
 	}

@@ -250,8 +250,10 @@ func (s *Supervisor) Statuses() []Status {
 	return out
 }
 
-// Ready reports whether every plugin has delivered its first snapshot or
-// its sync timeout has passed since the supervisor started it.
+// Ready reports whether every plugin has declared its instance set
+// complete (for a plugin without CAPABILITY_INSTANCE_SET, delivered its
+// first snapshot) or its sync timeout has passed since the supervisor
+// started it. If not, it names the plugins it waits for.
 func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -259,7 +261,7 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	for _, label := range s.order {
 		r := s.runners[label]
 		st := r.snapshot()
-		if !st.SnapshotReceived && now.Sub(r.created) < r.cfg.SyncTimeout {
+		if !st.InstanceSetComplete && now.Sub(r.created) < r.cfg.SyncTimeout {
 			waiting = append(waiting, label)
 		}
 	}
