@@ -75,6 +75,8 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 		Version: Version,
 		Capabilities: []sdk.Capability{
 			sdk.CapabilityReconfigure, sdk.CapabilityMultiInstance, sdk.CapabilityGateways,
+			// Without configured datacenters, the agent names them.
+			sdk.CapabilityInstanceSet,
 		},
 		ConfigSchema: schema,
 	}, nil
@@ -221,6 +223,10 @@ func (r *run) main(context.Context) {
 		d := r.newDatacenter(name)
 		r.wg.Go(func() { d.watchCatalog(r.ctx) })
 	}
+	// Every datacenter is declared (newDatacenter did it): only now may a
+	// restarted plugin's host drop the ones not declared again. Until then
+	// an agent that is down keeps the last-known services served.
+	r.p.rt.State.InstanceSetComplete()
 	<-r.ctx.Done()
 }
 
