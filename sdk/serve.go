@@ -345,6 +345,10 @@ func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*reg
 				resp.InstanceSetComplete = instanceSet
 				continue
 			}
+			if events[i].kind == kindPluginHealth {
+				resp.PluginHealth = healthToProto(events[i].health)
+				continue
+			}
 			resp.Events = append(resp.Events, events[i].toProto())
 			cost += events[i].cost()
 			if cost >= batchCost && i < len(events)-1 {
@@ -356,7 +360,7 @@ func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*reg
 				resp, cost = &registryv1.WatchResponse{Snapshot: snapshot}, 0
 			}
 		}
-		if len(resp.Events) == 0 && !resp.InstanceSetComplete && !last {
+		if len(resp.Events) == 0 && !resp.InstanceSetComplete && resp.PluginHealth == nil && !last {
 			return nil
 		}
 		seq++

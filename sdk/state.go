@@ -24,6 +24,8 @@ type State struct {
 	subs      map[*subscriber]struct{}
 	// setComplete: every instance the plugin will report is declared.
 	setComplete bool
+	// pluginHealth is the connection to the source that lists instances.
+	pluginHealth *InstanceHealth
 }
 
 type instanceState struct {
@@ -205,6 +207,21 @@ func (s *State) InstanceSetComplete() {
 	s.emit(event{kind: kindInstanceSetComplete})
 }
 
+// SetPluginHealth reports whether the plugin can reach the source that
+// lists its instances (the Consul agent that names its datacenters, the
+// API server that holds remote secrets), for problems no instance can
+// report because none is known yet. It is shown to operators: never put
+// credentials in it.
+func (s *State) SetPluginHealth(h InstanceHealth) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pluginHealth != nil && s.pluginHealth.Equal(&h) {
+		return
+	}
+	s.pluginHealth = &h
+	s.emit(event{kind: kindPluginHealth, health: &h})
+}
+
 // SetHealth reports whether the instance can reach its source, and the
 // problems with single objects. It is shown to operators: never put
 // credentials in it.
@@ -292,6 +309,8 @@ const (
 	// kindInstanceSetComplete belongs to the plugin, not to an instance: it
 	// is sent as WatchResponse.instance_set_complete.
 	kindInstanceSetComplete
+	// kindPluginHealth belongs to the plugin too: WatchResponse.plugin_health.
+	kindPluginHealth
 )
 
 // event is one change, kept in SDK types until a watcher sends it.
@@ -382,6 +401,9 @@ func (s *State) subscribe() *subscriber {
 		if in.synced {
 			sub.add(event{id: id, kind: kindInstanceSynced})
 		}
+	}
+	if s.pluginHealth != nil {
+		sub.add(event{kind: kindPluginHealth, health: s.pluginHealth})
 	}
 	if s.setComplete {
 		// Last, so it rides on the snapshot_done response.

@@ -76,6 +76,8 @@ func render(e *event) string {
 		return fmt.Sprintf("health %s %v %q notices=%d", id, e.health.Healthy, e.health.Message, len(e.health.Notices))
 	case kindInstanceSetComplete:
 		return "instance set complete"
+	case kindPluginHealth:
+		return fmt.Sprintf("plugin health %v %q", e.health.Healthy, e.health.Message)
 	}
 	return fmt.Sprintf("kind %d", e.kind)
 }
@@ -617,5 +619,23 @@ func TestStateInstanceSetComplete(t *testing.T) {
 		if len(got) != 1 || !got[0].GetSnapshotDone() || got[0].GetInstanceSetComplete() != declared || len(got[0].GetEvents()) != 1 {
 			t.Errorf("declared=%v: responses %v", declared, got)
 		}
+	}
+}
+
+// TestStatePluginHealth: the plugin's own health reaches watchers as a
+// delta and in a later watcher's snapshot, and rides on the response as
+// plugin_health.
+func TestStatePluginHealth(t *testing.T) {
+	st := NewState()
+	early := watch(st)
+	st.SetPluginHealth(InstanceHealth{Message: "connection refused"})
+	st.SetPluginHealth(InstanceHealth{Message: "connection refused"})
+	expectEvents(t, early, `plugin health false "connection refused"`)
+	ctx, cancel := context.WithCancel(context.Background())
+	var got *registryv1.WatchResponse
+	err := st.serveWatch(context.Background(), ctx, func(r *registryv1.WatchResponse) error { got = r; cancel(); return nil }, true)
+	cancel()
+	if err != nil || got.GetPluginHealth().GetMessage() != "connection refused" || got.GetPluginHealth().GetHealthy() || len(got.GetEvents()) != 0 {
+		t.Errorf("snapshot response %v, err %v; want plugin_health unhealthy, connection refused", got, err)
 	}
 }

@@ -221,6 +221,9 @@ type PluginSync struct {
 func (s *Server) pluginSync(label string, now time.Time) PluginSync {
 	set, ok := s.agg.Store().InstanceSet(label)
 	ps := PluginSync{InstanceSetStatus: set, Connected: ok}
+	if h := set.Health; h != nil && !h.Healthy {
+		ps.Unhealthy = append(ps.Unhealthy, "plugin: "+h.Message)
+	}
 	for _, in := range s.agg.Store().Instances() {
 		st := in.Status()
 		if st.Key.Plugin == label && st.Health != nil && !st.Health.Healthy {

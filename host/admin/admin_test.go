@@ -134,17 +134,18 @@ func TestPluginSyncSaysWhy(t *testing.T) {
 	defer sess.ExpireAfter(time.Minute)()
 	wire := protoconv.NewStream(sdk.CapabilityMultiInstance, sdk.CapabilityInstanceSet)
 	id := &registryv1.InstanceID{Provider: "Consul", Cluster: "dc1"}
-	b, err := wire.Decode(&registryv1.WatchResponse{Sequence: 1, Snapshot: true, SnapshotDone: true, Events: []*registryv1.Event{
-		{Instance: id, Kind: &registryv1.Event_InstanceAdded{InstanceAdded: &registryv1.InstanceAdded{}}},
-		{Instance: id, Kind: &registryv1.Event_InstanceHealth{InstanceHealth: &registryv1.InstanceHealth{Message: "connection refused"}}},
-	}})
+	b, err := wire.Decode(&registryv1.WatchResponse{Sequence: 1, Snapshot: true, SnapshotDone: true,
+		PluginHealth: &registryv1.InstanceHealth{Message: "agent: 403 Forbidden"}, Events: []*registryv1.Event{
+			{Instance: id, Kind: &registryv1.Event_InstanceAdded{InstanceAdded: &registryv1.InstanceAdded{}}},
+			{Instance: id, Kind: &registryv1.Event_InstanceHealth{InstanceHealth: &registryv1.InstanceHealth{Message: "connection refused"}}},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sess.ApplyBatch(b)
 	set, _ := store.InstanceSet("consul")
 	got := s.pluginSync("consul", set.Since.Add(2*time.Second)).Reason
-	if want := "consul: instance set not complete, waiting 2s of the sync timeout 1m0s; unhealthy: Consul/dc1: connection refused"; got != want {
+	if want := "consul: instance set not complete, waiting 2s of the sync timeout 1m0s; unhealthy: plugin: agent: 403 Forbidden; Consul/dc1: connection refused"; got != want {
 		t.Errorf("waiting:\n got %q\nwant %q", got, want)
 	}
 	sess.Expire()

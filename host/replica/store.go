@@ -209,6 +209,7 @@ type instanceSet struct {
 	timeoutAt   time.Time
 	completedAt time.Time
 	by          string
+	health      *sdk.InstanceHealth
 }
 
 // InstanceSetStatus is whether a plugin's current stream has declared every
@@ -227,6 +228,9 @@ type InstanceSetStatus struct {
 	CompletedAt time.Time `json:"completed_at,omitzero"`
 	// TimeoutAt is when the host stops waiting, if a timeout is armed.
 	TimeoutAt time.Time `json:"timeout_at,omitzero"`
+	// Health is the plugin's connection to the source that lists its
+	// instances, as it last reported it (nil: never reported).
+	Health *sdk.InstanceHealth `json:"plugin_health,omitempty"`
 }
 
 // InstanceSet reports the instance set of plugin's current stream; false if
@@ -239,7 +243,7 @@ func (s *Store) InstanceSet(plugin string) (InstanceSetStatus, bool) {
 		return InstanceSetStatus{Plugin: plugin}, false
 	}
 	return InstanceSetStatus{Plugin: plugin, Complete: !set.completedAt.IsZero(), CompletedBy: set.by,
-		Since: set.since, CompletedAt: set.completedAt, TimeoutAt: set.timeoutAt}, true
+		Since: set.since, CompletedAt: set.completedAt, TimeoutAt: set.timeoutAt, Health: set.health}, true
 }
 
 // NewSession starts applying a new stream of plugin.
@@ -345,6 +349,9 @@ func (sess *Session) ApplyBatch(b *pluginclient.Batch) {
 	}
 	if b.SnapshotDone && !sess.done {
 		sess.finishSnapshot(tx)
+	}
+	if b.PluginHealth != nil {
+		sess.set.health = b.PluginHealth
 	}
 	if b.InstanceSetComplete && sess.set.completedAt.IsZero() {
 		sess.completeSet(tx, &change, "plugin")

@@ -270,11 +270,16 @@ func (r *run) ownDatacenter() (string, bool) {
 			return "", false
 		}
 		if err == nil {
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Healthy: true})
 			return dc, true
 		}
 		err = r.explain(r.ctx, err)
 		if msg := describe(err); msg != last {
 			r.p.log.Error("cannot learn the agent's datacenter; set datacenters to skip this step", "error", msg)
+			// No datacenter is known, so no instance can say it: the
+			// plugin does, and the host shows it until the agent answers.
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Message: fmt.Sprintf(
+				"Consul never reached: cannot learn the agent's datacenter from %s (set datacenters to skip this step): %s", r.s.api.Address, msg)})
 			last = msg
 		}
 		r.reloadToken(err)

@@ -614,13 +614,22 @@ func TestInstanceSetWaitsForTheAgent(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	p.waitFor(t, wait, "the plugin's health to say why", func(r *sdktest.Replica) bool { return r.PluginHealth != nil })
 	p.with(func(r *sdktest.Replica) {
 		if r.InstanceSetComplete {
 			t.Errorf("instance set complete with %v while the agent is down", r.DeclaredAtComplete)
 		}
+		if h := r.PluginHealth; h.Healthy || !strings.Contains(h.Message, "Consul never reached") || !strings.Contains(h.Message, "connection refused") {
+			t.Errorf("plugin health %+v, want unhealthy: Consul never reached ... connection refused", h)
+		}
 	})
 	c.Start()
 	p.waitFor(t, wait, "the instance set complete", func(r *sdktest.Replica) bool { return r.InstanceSetComplete })
+	p.with(func(r *sdktest.Replica) {
+		if !r.PluginHealth.Healthy {
+			t.Errorf("plugin health %+v once the agent answered, want healthy", r.PluginHealth)
+		}
+	})
 	p.with(func(r *sdktest.Replica) {
 		if want := []sdk.InstanceID{{Provider: sdk.ProviderConsul, Cluster: "dc1"}}; !slices.Equal(r.DeclaredAtComplete, want) {
 			t.Errorf("declared when complete: %v, want %v", r.DeclaredAtComplete, want)

@@ -24,6 +24,8 @@ type Replica struct {
 	// the instances the replica held then.
 	InstanceSetComplete bool
 	DeclaredAtComplete  []sdk.InstanceID
+	// PluginHealth is the plugin's own health as last reported, or nil.
+	PluginHealth *sdk.InstanceHealth
 	// Responses counts applied responses.
 	Responses int
 
@@ -104,6 +106,9 @@ func (r *Replica) apply(b *stream.Batch) {
 	}
 	if b.SnapshotDone {
 		r.SnapshotDone = true
+	}
+	if b.PluginHealth != nil {
+		r.PluginHealth = b.PluginHealth
 	}
 	if b.InstanceSetComplete {
 		r.InstanceSetComplete = true

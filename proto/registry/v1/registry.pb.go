@@ -1029,8 +1029,16 @@ type WatchResponse struct {
 	// it, the host removes the instances of the plugin's previous stream that
 	// this stream has not added (or has removed since).
 	InstanceSetComplete bool `protobuf:"varint,5,opt,name=instance_set_complete,json=instanceSetComplete,proto3" json:"instance_set_complete,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// plugin_health, when set, is the plugin's connection to the source that
+	// lists its instances (the Consul agent that names the datacenters, the
+	// API server that holds the remote secrets), for a problem no instance
+	// can report because no instance is known yet: "connection refused",
+	// "403 Forbidden". It applies after the batch's events and stays until
+	// the next one; a snapshot carries the current one. The host shows it in
+	// /debug/syncz and /readyz. Needs no capability.
+	PluginHealth  *InstanceHealth `protobuf:"bytes,6,opt,name=plugin_health,json=pluginHealth,proto3" json:"plugin_health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
@@ -1096,6 +1104,13 @@ func (x *WatchResponse) GetInstanceSetComplete() bool {
 		return x.InstanceSetComplete
 	}
 	return false
+}
+
+func (x *WatchResponse) GetPluginHealth() *InstanceHealth {
+	if x != nil {
+		return x.PluginHealth
+	}
+	return nil
 }
 
 // InstanceID names one instance inside a plugin. The host adds the plugin's
@@ -2596,13 +2611,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\asummary\x18\x02 \x01(\tR\asummary\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x12\n" +
 	"\x04path\x18\x04 \x03(\tR\x04path\"\x0e\n" +
-	"\fWatchRequest\"\xd4\x01\n" +
+	"\fWatchRequest\"\x9e\x02\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12#\n" +
 	"\rsnapshot_done\x18\x03 \x01(\bR\fsnapshotDone\x122\n" +
 	"\x06events\x18\x04 \x03(\v2\x1a.estuary.registry.v1.EventR\x06events\x122\n" +
-	"\x15instance_set_complete\x18\x05 \x01(\bR\x13instanceSetComplete\"B\n" +
+	"\x15instance_set_complete\x18\x05 \x01(\bR\x13instanceSetComplete\x12H\n" +
+	"\rplugin_health\x18\x06 \x01(\v2#.estuary.registry.v1.InstanceHealthR\fpluginHealth\"B\n" +
 	"\n" +
 	"InstanceID\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x18\n" +
@@ -2824,46 +2840,47 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	14, // 7: estuary.registry.v1.ConfigureResponse.diagnostics:type_name -> estuary.registry.v1.Diagnostic
 	2,  // 8: estuary.registry.v1.Diagnostic.severity:type_name -> estuary.registry.v1.Severity
 	18, // 9: estuary.registry.v1.WatchResponse.events:type_name -> estuary.registry.v1.Event
-	17, // 10: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
-	19, // 11: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
-	21, // 12: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
-	22, // 13: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
-	23, // 14: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
-	24, // 15: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
-	27, // 16: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
-	28, // 17: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
-	29, // 18: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
-	20, // 19: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
-	31, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
-	35, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
-	25, // 22: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
-	26, // 23: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
-	37, // 24: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
-	38, // 25: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
-	36, // 26: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
-	30, // 27: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
-	32, // 28: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
-	33, // 29: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
-	33, // 30: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
-	34, // 31: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
-	39, // 32: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
-	3,  // 33: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
-	40, // 34: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
-	41, // 35: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
-	42, // 36: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
-	4,  // 37: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
-	5,  // 38: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
-	6,  // 39: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
-	11, // 40: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
-	15, // 41: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
-	7,  // 42: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
-	13, // 43: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
-	16, // 44: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
-	42, // [42:45] is the sub-list for method output_type
-	39, // [39:42] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	29, // 10: estuary.registry.v1.WatchResponse.plugin_health:type_name -> estuary.registry.v1.InstanceHealth
+	17, // 11: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
+	19, // 12: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
+	21, // 13: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
+	22, // 14: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
+	23, // 15: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
+	24, // 16: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
+	27, // 17: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
+	28, // 18: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
+	29, // 19: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
+	20, // 20: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
+	31, // 21: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
+	35, // 22: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
+	25, // 23: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
+	26, // 24: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
+	37, // 25: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
+	38, // 26: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
+	36, // 27: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
+	30, // 28: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
+	32, // 29: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
+	33, // 30: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
+	33, // 31: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
+	34, // 32: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
+	39, // 33: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
+	3,  // 34: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
+	40, // 35: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
+	41, // 36: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
+	42, // 37: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
+	4,  // 38: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
+	5,  // 39: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
+	6,  // 40: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
+	11, // 41: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
+	15, // 42: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
+	7,  // 43: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
+	13, // 44: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
+	16, // 45: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
+	43, // [43:46] is the sub-list for method output_type
+	40, // [40:43] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }

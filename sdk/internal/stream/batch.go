@@ -69,6 +69,9 @@ type Batch struct {
 	// carries it. For a plugin without CapabilityInstanceSet the decoder
 	// sets it on the SnapshotDone batch, so a host has one rule for both.
 	InstanceSetComplete bool
+	// PluginHealth, if not nil, is the plugin's connection to the source
+	// that lists its instances; it applies after Events.
+	PluginHealth *sdk.InstanceHealth
 	// Events in order.
 	Events []Event
 }

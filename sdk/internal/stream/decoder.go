@@ -110,6 +110,9 @@ func (d *Decoder) decode(resp *registryv1.WatchResponse) (*Batch, *ProtocolError
 			}
 		}
 	}
+	if h := resp.GetPluginHealth(); h != nil {
+		b.PluginHealth = decodeHealth(h)
+	}
 	if b.SnapshotDone {
 		d.snapshotDone = true
 	}
@@ -186,16 +189,20 @@ func (d *Decoder) event(pe *registryv1.Event, ev *Event) string {
 		}
 	case KindInstanceSynced:
 	case KindInstanceHealth:
-		h := pe.GetInstanceHealth()
-		ev.Health = &sdk.InstanceHealth{Healthy: h.GetHealthy(), Message: h.GetMessage()}
-		if ns := h.GetNotices(); len(ns) > 0 {
-			ev.Health.Notices = make([]sdk.Notice, len(ns))
-			for i, n := range ns {
-				ev.Health.Notices[i] = sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()}
-			}
-		}
+		ev.Health = decodeHealth(pe.GetInstanceHealth())
 	}
 	return ""
+}
+
+func decodeHealth(h *registryv1.InstanceHealth) *sdk.InstanceHealth {
+	out := &sdk.InstanceHealth{Healthy: h.GetHealthy(), Message: h.GetMessage()}
+	if ns := h.GetNotices(); len(ns) > 0 {
+		out.Notices = make([]sdk.Notice, len(ns))
+		for i, n := range ns {
+			out.Notices[i] = sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()}
+		}
+	}
+	return out
 }
 
 // anyInstance names an instance the stream holds, for an error message.
