@@ -1,14 +1,25 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -74,6 +85,72 @@ func (h *host) killPlugin(label string) time.Time {
 	return killed
 }
 
+// edsWatch is a sidecar's EDS subscription to one cluster over ADS,
+// acknowledging every response as Envoy does and keeping the endpoint
+// addresses of each, in order, until the test ends.
+type edsWatch struct {
+	mu      sync.Mutex
+	history [][]string
+}
+
+func watchEDS(t *testing.T, xdsAddr, cluster string) *edsWatch {
+	t.Helper()
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &corev3.Node{Id: "sidecar~10.1.0.9~client.default~default.svc.cluster.local"}
+	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}}
+	if err := stream.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	w := &edsWatch{}
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+	go func() {
+		defer close(done)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			var addrs []string
+			for _, r := range resp.GetResources() {
+				var cla endpointv3.ClusterLoadAssignment
+				if r.UnmarshalTo(&cla) != nil || cla.GetClusterName() != cluster {
+					continue
+				}
+				for _, le := range cla.GetEndpoints() {
+					for _, lb := range le.GetLbEndpoints() {
+						addrs = append(addrs, lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+					}
+				}
+			}
+			slices.Sort(addrs)
+			w.mu.Lock()
+			w.history = append(w.history, addrs)
+			w.mu.Unlock()
+			if stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(),
+				ResponseNonce: resp.GetNonce(), ResourceNames: []string{cluster}}) != nil {
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// since returns the responses from the nth on, and how many there are.
+func (w *edsWatch) since(n int) ([][]string, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.history[min(n, len(w.history)):]), len(w.history)
+}
+
 // TestRestartWithARemoteClusterDown: cluster 2's API server is frozen,
 // then the kubernetes plugin is killed. The restarted plugin cannot list
 // cluster 2, but it declares it from the secret: cluster 2's instance and
@@ -93,6 +170,14 @@ func TestRestartWithARemoteClusterDown(t *testing.T) {
 	h.eventually("cluster2's echo endpoint", 60*time.Second, func() bool {
 		held, stale, n := h.instanceOf("kubernetes", "cluster2", echoHost)
 		return held && !stale && n == 1
+	})
+	eds := watchEDS(t, h.xds, "outbound|8080||"+echoHost)
+	both := []string{"10.1.0.1", "10.2.0.1"}
+	var from int
+	h.eventually("a sidecar's EDS with both clusters' endpoints", 30*time.Second, func() bool {
+		got, n := eds.since(0)
+		from = n
+		return len(got) > 0 && slices.Equal(got[len(got)-1], both)
 	})
 
 	k2.Freeze()
@@ -120,6 +205,27 @@ func TestRestartWithARemoteClusterDown(t *testing.T) {
 		}
 		return !stale
 	})
+	// A barrier: a new endpoint in cluster 1 reaches the sidecar after
+	// every push that came before it.
+	slice, err := k1.Client().DiscoveryV1().EndpointSlices(ns).Get(context.Background(), "echo-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.1.0.2"}, Conditions: slice.Endpoints[0].Conditions})
+	if _, err := k1.Client().DiscoveryV1().EndpointSlices(ns).Update(context.Background(), slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually("the barrier in the sidecar's EDS", 30*time.Second, func() bool {
+		got, _ := eds.since(0)
+		return slices.Contains(got[len(got)-1], "10.1.0.2")
+	})
+	// The sidecar never saw cluster 2's endpoint go.
+	after, _ := eds.since(from)
+	for i, addrs := range after {
+		if !slices.Contains(addrs, "10.2.0.1") {
+			t.Errorf("EDS response %d after the freeze: %v, want cluster 2's 10.2.0.1 kept", from+i, addrs)
+		}
+	}
 }
 
 // consulAgent starts an agent with service web at 10.0.0.1:8080.
