@@ -616,6 +616,7 @@ func TestMetrics(t *testing.T) {
 	st.snapshot(t, true, added("c1", nil), added("c2", nil), upsert("c1", "a.example.com", 80),
 		endpoints("c1", "a.example.com", "10.0.0.1", "10.0.0.2", "10.0.0.3"))
 	st.delta(t, removed("c2"))
+	connectSet(s, "k8s").send(t, true, false, added("c1", nil)) // waits for its instance set
 	values := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -637,9 +638,11 @@ func TestMetrics(t *testing.T) {
 		"estuary_registry_events_total,kind=instance_removed,plugin=static":   1,
 		"estuary_registry_events_total,kind=service_upserted,plugin=static":   1,
 		"estuary_registry_events_total,kind=endpoints_replaced,plugin=static": 1,
+		"estuary_plugin_instance_set_complete,plugin=static":                  1,
+		"estuary_plugin_instance_set_complete,plugin=k8s":                     0,
 	}
 	for k, v := range want {
-		if values[k] != v {
+		if got, ok := values[k]; !ok || got != v {
 			t.Errorf("%s = %v, want %v", k, values[k], v)
 		}
 	}
