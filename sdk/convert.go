@@ -154,13 +154,17 @@ func (e *event) toProto() *registryv1.Event {
 	case kindInstanceSynced:
 		pe.Kind = &registryv1.Event_InstanceSynced{InstanceSynced: &registryv1.InstanceSynced{}}
 	case kindInstanceHealth:
-		h := &registryv1.InstanceHealth{Healthy: e.health.Healthy, Message: e.health.Message}
-		for _, n := range e.health.Notices {
-			h.Notices = append(h.Notices, &registryv1.Notice{Subject: n.Subject, Message: n.Message})
-		}
-		pe.Kind = &registryv1.Event_InstanceHealth{InstanceHealth: h}
+		pe.Kind = &registryv1.Event_InstanceHealth{InstanceHealth: healthToProto(e.health)}
 	}
 	return pe
+}
+
+func healthToProto(h *InstanceHealth) *registryv1.InstanceHealth {
+	out := &registryv1.InstanceHealth{Healthy: h.Healthy, Message: h.Message}
+	for _, n := range h.Notices {
+		out.Notices = append(out.Notices, &registryv1.Notice{Subject: n.Subject, Message: n.Message})
+	}
+	return out
 }
 
 func schemaToProto(s *Schema) *registryv1.Schema {

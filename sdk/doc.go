@@ -8,6 +8,13 @@
 // reconnects. [Serve] runs the plugin: handshake, protocol negotiation,
 // AutoMTLS and logging to the host.
 //
+// A plugin declares [CapabilityInstanceSet] and calls
+// [State.InstanceSetComplete] once every instance it will report is
+// declared (a plugin with one instance: right after SetInstance). Until
+// then a host that restarted it keeps serving the instances it knew before,
+// so a source that is down during a restart costs no endpoints; the
+// conformance suite (sdktest) checks that a plugin does this.
+//
 // A minimal plugin:
 //
 //	func main() {

@@ -46,9 +46,13 @@ const (
 	CapabilityMultiInstance
 	// CapabilityGateways: the plugin reports network gateways.
 	CapabilityGateways
+	// CapabilityInstanceSet: the plugin says when every instance it will
+	// report is declared (State.InstanceSetComplete). Until then a
+	// restarted plugin's host keeps serving the instances it had before.
+	CapabilityInstanceSet
 )
 
-var capabilityNames = [...]string{CapabilityReconfigure: "RECONFIGURE", CapabilityMultiInstance: "MULTI_INSTANCE", CapabilityGateways: "GATEWAYS"}
+var capabilityNames = [...]string{CapabilityReconfigure: "RECONFIGURE", CapabilityMultiInstance: "MULTI_INSTANCE", CapabilityGateways: "GATEWAYS", CapabilityInstanceSet: "INSTANCE_SET"}
 
 // String names the capability as the protocol does, without its
 // CAPABILITY_ prefix: RECONFIGURE, MULTI_INSTANCE, GATEWAYS.

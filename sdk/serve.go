@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -318,11 +319,18 @@ func (s *server) Configure(ctx context.Context, req *registryv1.ConfigureRequest
 }
 
 func (s *server) Watch(_ *registryv1.WatchRequest, stream grpc.ServerStreamingServer[registryv1.WatchResponse]) error {
-	return s.state.serveWatch(s.ctx, stream.Context(), stream.Send)
+	// The capabilities decide whether instance_set_complete may be sent.
+	d, err := s.impl.Describe(stream.Context(), &DescribeRequest{})
+	if err != nil {
+		return toStatus(err)
+	}
+	return s.state.serveWatch(s.ctx, stream.Context(), stream.Send, slices.Contains(d.Capabilities, CapabilityInstanceSet))
 }
 
 // serveWatch streams a snapshot and then deltas until either context ends.
-func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*registryv1.WatchResponse) error) error {
+// instanceSet says whether the plugin declared CapabilityInstanceSet;
+// without it InstanceSetComplete is not sent, as the protocol requires.
+func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*registryv1.WatchResponse) error, instanceSet bool) error {
 	sub := st.subscribe()
 	defer st.unsubscribe(sub)
 	var seq uint64
@@ -331,6 +339,16 @@ func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*reg
 		resp := &registryv1.WatchResponse{Snapshot: snapshot}
 		cost := 0
 		for i := range events {
+			if events[i].kind == kindInstanceSetComplete {
+				// A plugin-level event: a flag on the batch, which applies
+				// after the batch's events.
+				resp.InstanceSetComplete = instanceSet
+				continue
+			}
+			if events[i].kind == kindPluginHealth {
+				resp.PluginHealth = healthToProto(events[i].health)
+				continue
+			}
 			resp.Events = append(resp.Events, events[i].toProto())
 			cost += events[i].cost()
 			if cost >= batchCost && i < len(events)-1 {
@@ -342,7 +360,7 @@ func (st *State) serveWatch(pluginCtx, streamCtx context.Context, send func(*reg
 				resp, cost = &registryv1.WatchResponse{Snapshot: snapshot}, 0
 			}
 		}
-		if len(resp.Events) == 0 && !last {
+		if len(resp.Events) == 0 && !resp.InstanceSetComplete && resp.PluginHealth == nil && !last {
 			return nil
 		}
 		seq++

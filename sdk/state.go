@@ -22,6 +22,10 @@ type State struct {
 	instances map[InstanceID]*instanceState
 	order     []InstanceID // first-seen order, for deterministic snapshots
 	subs      map[*subscriber]struct{}
+	// setComplete: every instance the plugin will report is declared.
+	setComplete bool
+	// pluginHealth is the connection to the source that lists instances.
+	pluginHealth *InstanceHealth
 }
 
 type instanceState struct {
@@ -181,6 +185,43 @@ func (s *State) MarkSynced(id InstanceID) error {
 	return nil
 }
 
+// InstanceSetComplete says that every instance the plugin will report has
+// been declared with SetInstance: a plugin that discovers instances at run
+// time (clusters from Secrets, Consul datacenters) calls it once discovery
+// has listed them all, a plugin with a fixed set right after declaring it.
+// Until then a host that restarted the plugin keeps serving the instances
+// it knew before that the plugin has not declared again, and readiness
+// waits. Every watcher gets it once, after its snapshot. Calls after the
+// first do nothing.
+//
+// It is sent only if the plugin declares CapabilityInstanceSet; a plugin
+// that declares it and never calls this waits out its sync timeout on
+// every restart.
+func (s *State) InstanceSetComplete() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.setComplete {
+		return
+	}
+	s.setComplete = true
+	s.emit(event{kind: kindInstanceSetComplete})
+}
+
+// SetPluginHealth reports whether the plugin can reach the source that
+// lists its instances (the Consul agent that names its datacenters, the
+// API server that holds remote secrets), for problems no instance can
+// report because none is known yet. It is shown to operators: never put
+// credentials in it.
+func (s *State) SetPluginHealth(h InstanceHealth) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pluginHealth != nil && s.pluginHealth.Equal(&h) {
+		return
+	}
+	s.pluginHealth = &h
+	s.emit(event{kind: kindPluginHealth, health: &h})
+}
+
 // SetHealth reports whether the instance can reach its source, and the
 // problems with single objects. It is shown to operators: never put
 // credentials in it.
@@ -265,6 +306,11 @@ const (
 	kindGatewaysReplaced
 	kindInstanceSynced
 	kindInstanceHealth
+	// kindInstanceSetComplete belongs to the plugin, not to an instance: it
+	// is sent as WatchResponse.instance_set_complete.
+	kindInstanceSetComplete
+	// kindPluginHealth belongs to the plugin too: WatchResponse.plugin_health.
+	kindPluginHealth
 )
 
 // event is one change, kept in SDK types until a watcher sends it.
@@ -355,6 +401,13 @@ func (s *State) subscribe() *subscriber {
 		if in.synced {
 			sub.add(event{id: id, kind: kindInstanceSynced})
 		}
+	}
+	if s.pluginHealth != nil {
+		sub.add(event{kind: kindPluginHealth, health: s.pluginHealth})
+	}
+	if s.setComplete {
+		// Last, so it rides on the snapshot_done response.
+		sub.add(event{kind: kindInstanceSetComplete})
 	}
 	sub.snapshot = len(sub.pending)
 	// The snapshot must be sent even when empty.

@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 )
 
 // The tests here drive State through the same subscribe/take pair the
@@ -71,6 +74,10 @@ func render(e *event) string {
 		return "synced " + id
 	case kindInstanceHealth:
 		return fmt.Sprintf("health %s %v %q notices=%d", id, e.health.Healthy, e.health.Message, len(e.health.Notices))
+	case kindInstanceSetComplete:
+		return "instance set complete"
+	case kindPluginHealth:
+		return fmt.Sprintf("plugin health %v %q", e.health.Healthy, e.health.Message)
 	}
 	return fmt.Sprintf("kind %d", e.kind)
 }
@@ -578,4 +585,57 @@ func (r *replica) addrs(id InstanceID, host string) string {
 		out = append(out, e.Address)
 	}
 	return strings.Join(out, " ")
+}
+
+// TestStateInstanceSetComplete: a watcher hears of the complete instance
+// set once, as a delta if it was watching, at the end of its snapshot if it
+// came later; and serveWatch turns it into the flag on the snapshot_done
+// response, only for a plugin that declared CapabilityInstanceSet.
+func TestStateInstanceSetComplete(t *testing.T) {
+	st := NewState()
+	early := watch(st)
+	st.SetInstance(c1, InstanceProperties{})
+	st.InstanceSetComplete()
+	st.InstanceSetComplete()
+	expectEvents(t, early, "added c1 scoped=false net=", "instance set complete")
+
+	late := watch(st)
+	if got, snap := late.take(); !slices.Equal(got, []string{"added c1 scoped=false net=", "instance set complete"}) || snap != 2 {
+		t.Errorf("late watcher's snapshot: %q (%d snapshot events)", got, snap)
+	}
+
+	for _, declared := range []bool{true, false} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var got []*registryv1.WatchResponse
+		err := st.serveWatch(context.Background(), ctx, func(r *registryv1.WatchResponse) error {
+			got = append(got, r)
+			cancel()
+			return nil
+		}, declared)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || !got[0].GetSnapshotDone() || got[0].GetInstanceSetComplete() != declared || len(got[0].GetEvents()) != 1 {
+			t.Errorf("declared=%v: responses %v", declared, got)
+		}
+	}
+}
+
+// TestStatePluginHealth: the plugin's own health reaches watchers as a
+// delta and in a later watcher's snapshot, and rides on the response as
+// plugin_health.
+func TestStatePluginHealth(t *testing.T) {
+	st := NewState()
+	early := watch(st)
+	st.SetPluginHealth(InstanceHealth{Message: "connection refused"})
+	st.SetPluginHealth(InstanceHealth{Message: "connection refused"})
+	expectEvents(t, early, `plugin health false "connection refused"`)
+	ctx, cancel := context.WithCancel(context.Background())
+	var got *registryv1.WatchResponse
+	err := st.serveWatch(context.Background(), ctx, func(r *registryv1.WatchResponse) error { got = r; cancel(); return nil }, true)
+	cancel()
+	if err != nil || got.GetPluginHealth().GetMessage() != "connection refused" || got.GetPluginHealth().GetHealthy() || len(got.GetEvents()) != 0 {
+		t.Errorf("snapshot response %v, err %v; want plugin_health unhealthy, connection refused", got, err)
+	}
 }

@@ -387,6 +387,23 @@ func (k *Kube) Start() {
 	k.t.Logf("testbed: kube-apiserver restarted at %s after %.1fs", k.Server, time.Since(t0).Seconds())
 }
 
+// Freeze stops kube-apiserver with SIGSTOP: its port stays open and
+// connections hang unanswered, as when a cluster's API server is
+// unreachable without refusing. Thaw resumes it; cleanup kills it either way.
+func (k *Kube) Freeze() { k.signalAPIServer(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen kube-apiserver (SIGCONT).
+func (k *Kube) Thaw() { k.signalAPIServer(syscall.SIGCONT) }
+
+func (k *Kube) signalAPIServer(sig syscall.Signal) {
+	k.mu.Lock()
+	p := k.apiserver
+	k.mu.Unlock()
+	if p != nil && !p.exited() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}
+
 // Running reports whether kube-apiserver is running.
 func (k *Kube) Running() bool {
 	k.mu.Lock()

@@ -26,7 +26,7 @@ type hello struct {
 func (*hello) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
 	return &sdk.DescribeResponse{
 		Name: "hello", Version: "0.1.0",
-		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityInstanceSet},
 		ConfigSchema: &sdk.Schema{Attributes: []sdk.Attribute{
 			{Name: "greeting", Type: "string", Required: true, Description: "shown as the service's greeting label"},
 			{Name: "cluster", Type: "string", Description: "the instance's Cluster; defaults to mesh.cluster_id"},
@@ -67,6 +67,7 @@ func (h *hello) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.Co
 	}
 	h.id = id
 	h.state.SetInstance(id, sdk.InstanceProperties{})
+	h.state.InstanceSetComplete() // one instance: the set is complete
 	// State works out what changed since the last Configure.
 	snap := sdk.Snapshot{Services: []*sdk.Service{svc}, Endpoints: map[string][]sdk.Endpoint{svc.Hostname: eps}}
 	if err := h.state.ReplaceInstance(id, snap); err != nil {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -119,11 +120,17 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Ready reports readiness and, if not ready, what it waits for: no host
-// component has died, and every plugin has streamed its snapshot and
-// every instance has synced, or their sync timeouts have passed.
+// component has died, and every plugin has declared its instance set and
+// every instance has synced, or their sync timeouts have passed. A plugin
+// waited for is named with why: since when, until when, and what its
+// unhealthy instances say (connection refused, 403, ...).
 func (s *Server) Ready(now time.Time) (bool, []string) {
-	ready, waiting := s.sup.Ready(now)
+	ready, plugins := s.sup.Ready(now)
 	ready = ready && len(s.failed()) == 0
+	waiting := make([]string, 0, len(plugins))
+	for _, label := range plugins {
+		waiting = append(waiting, "plugin "+s.pluginSync(label, now).Reason)
+	}
 	for _, in := range s.agg.Store().Instances() {
 		st := in.Status()
 		timeout := st.SyncTimeout
@@ -197,10 +204,60 @@ func (s *Server) registryz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
-func (s *Server) syncz(w http.ResponseWriter, _ *http.Request) {
-	out := []replica.Status{}
+// PluginSync is one plugin in /debug/syncz: whether its instance set is
+// complete, and why not.
+type PluginSync struct {
+	replica.InstanceSetStatus
+	// Connected is false until the plugin has opened its first stream.
+	Connected bool `json:"connected"`
+	// Unhealthy lists the plugin's instances that cannot reach their
+	// source, with the reason they give.
+	Unhealthy []string `json:"unhealthy,omitempty"`
+	// Reason says in one line what the host waits for, or "complete".
+	Reason string `json:"reason"`
+}
+
+// pluginSync describes plugin's instance set.
+func (s *Server) pluginSync(label string, now time.Time) PluginSync {
+	set, ok := s.agg.Store().InstanceSet(label)
+	ps := PluginSync{InstanceSetStatus: set, Connected: ok}
+	if h := set.Health; h != nil && !h.Healthy {
+		ps.Unhealthy = append(ps.Unhealthy, "plugin: "+h.Message)
+	}
 	for _, in := range s.agg.Store().Instances() {
-		out = append(out, in.Status())
+		st := in.Status()
+		if st.Key.Plugin == label && st.Health != nil && !st.Health.Healthy {
+			ps.Unhealthy = append(ps.Unhealthy, fmt.Sprintf("%s/%s: %s", st.Key.Provider, st.Key.Cluster, st.Health.Message))
+		}
+	}
+	switch {
+	case set.Complete:
+		ps.Reason = fmt.Sprintf("%s: instance set complete (by %s)", label, set.CompletedBy)
+	case !ok:
+		ps.Reason = fmt.Sprintf("%s: not connected yet", label)
+	default:
+		ps.Reason = fmt.Sprintf("%s: instance set not complete, waiting %s", label, now.Sub(set.Since).Round(time.Millisecond))
+		if !set.TimeoutAt.IsZero() {
+			ps.Reason += fmt.Sprintf(" of the sync timeout %s", set.TimeoutAt.Sub(set.Since).Round(time.Millisecond))
+		}
+	}
+	if len(ps.Unhealthy) > 0 {
+		ps.Reason += "; unhealthy: " + strings.Join(ps.Unhealthy, "; ")
+	}
+	return ps
+}
+
+func (s *Server) syncz(w http.ResponseWriter, _ *http.Request) {
+	now := time.Now()
+	out := struct {
+		Plugins   []PluginSync     `json:"plugins"`
+		Instances []replica.Status `json:"instances"`
+	}{Plugins: []PluginSync{}, Instances: []replica.Status{}}
+	for _, p := range s.sup.Statuses() {
+		out.Plugins = append(out.Plugins, s.pluginSync(p.Label, now))
+	}
+	for _, in := range s.agg.Store().Instances() {
+		out.Instances = append(out.Instances, in.Status())
 	}
 	writeJSON(w, out)
 }

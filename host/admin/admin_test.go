@@ -15,6 +15,9 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
+	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
 
 func newServer(failed func() []string) *Server {
@@ -115,5 +118,38 @@ func TestRunReturnsWhenServingFails(t *testing.T) {
 	}
 	if err := wait(); err == nil || !strings.Contains(err.Error(), "admin: serve") {
 		t.Errorf("Run after its listener failed = %v, want an admin: serve error", err)
+	}
+}
+
+// TestPluginSyncSaysWhy: a plugin whose instance set is not complete is
+// described with how long the host has waited, its sync timeout and what
+// its unhealthy instances say; once complete, how it completed.
+func TestPluginSyncSaysWhy(t *testing.T) {
+	s := newServer(nil)
+	store := s.agg.Store()
+	if got := s.pluginSync("consul", time.Now()).Reason; got != "consul: not connected yet" {
+		t.Errorf("before any stream: %q", got)
+	}
+	sess := store.NewSession("consul")
+	defer sess.ExpireAfter(time.Minute)()
+	wire := protoconv.NewStream(sdk.CapabilityMultiInstance, sdk.CapabilityInstanceSet)
+	id := &registryv1.InstanceID{Provider: "Consul", Cluster: "dc1"}
+	b, err := wire.Decode(&registryv1.WatchResponse{Sequence: 1, Snapshot: true, SnapshotDone: true,
+		PluginHealth: &registryv1.InstanceHealth{Message: "agent: 403 Forbidden"}, Events: []*registryv1.Event{
+			{Instance: id, Kind: &registryv1.Event_InstanceAdded{InstanceAdded: &registryv1.InstanceAdded{}}},
+			{Instance: id, Kind: &registryv1.Event_InstanceHealth{InstanceHealth: &registryv1.InstanceHealth{Message: "connection refused"}}},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.ApplyBatch(b)
+	set, _ := store.InstanceSet("consul")
+	got := s.pluginSync("consul", set.Since.Add(2*time.Second)).Reason
+	if want := "consul: instance set not complete, waiting 2s of the sync timeout 1m0s; unhealthy: plugin: agent: 403 Forbidden; Consul/dc1: connection refused"; got != want {
+		t.Errorf("waiting:\n got %q\nwant %q", got, want)
+	}
+	sess.Expire()
+	if got := s.pluginSync("consul", time.Now()).Reason; !strings.HasPrefix(got, "consul: instance set complete (by sync timeout)") {
+		t.Errorf("after the timeout: %q", got)
 	}
 }

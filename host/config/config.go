@@ -104,11 +104,15 @@ type Plugin struct {
 	// Bundled names the bundled plugin that runs; empty for external ones.
 	Bundled string `json:"bundled,omitempty"`
 	// Path and SHA256 locate an external plugin binary.
-	Path        string            `json:"path,omitempty"`
-	SHA256      string            `json:"sha256,omitempty"`
-	Args        []string          `json:"args,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	SyncTimeout time.Duration     `json:"sync_timeout"`
+	Path   string            `json:"path,omitempty"`
+	SHA256 string            `json:"sha256,omitempty"`
+	Args   []string          `json:"args,omitempty"`
+	Env    map[string]string `json:"env,omitempty"`
+	// SyncTimeout bounds how long the host waits for the plugin to declare
+	// its instance set complete, on every (re)start: readiness waits that
+	// long, and instances a restarted plugin has not declared again keep
+	// serving, stale, until then.
+	SyncTimeout time.Duration `json:"sync_timeout"`
 	// Config is the body of the config block (an empty body when absent).
 	Config hcl.Body `json:"-"`
 	// ConfigJSON is Config decoded against the plugin's schema, set by

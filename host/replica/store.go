@@ -25,6 +25,9 @@ type Store struct {
 	seq        int    // first-seen counter, for stable order within a plugin
 	batchGen   uint64 // numbers applied batches; see batchTx
 
+	// sets is the instance set of each plugin's current session.
+	sets map[string]*instanceSet
+
 	subsMu sync.Mutex
 	subs   []func(model.Change)
 
@@ -39,6 +42,7 @@ type metrics struct {
 	events    *prometheus.CounterVec
 	instances *prometheus.GaugeVec
 	endpoints prometheus.Counter
+	setDone   *prometheus.GaugeVec
 }
 
 // NewStore returns an empty store. Metrics are registered with reg when it
@@ -54,11 +58,15 @@ func NewStore(reg prometheus.Registerer) *Store {
 		endpoints: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "estuary_registry_endpoint_updates_total", Help: "Endpoints applied from EndpointsReplaced events.",
 		}),
+		setDone: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "estuary_plugin_instance_set_complete",
+			Help: "1 once the plugin's current stream has declared every instance (or its sync timeout passed), 0 while the host waits and serves the instances it knew before.",
+		}, []string{"plugin"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.instances, m.endpoints)
+		reg.MustRegister(m.events, m.instances, m.endpoints, m.setDone)
 	}
-	return &Store{instances: map[InstanceKey]*Instance{}, pluginRank: map[string]int{}, metrics: m}
+	return &Store{instances: map[InstanceKey]*Instance{}, pluginRank: map[string]int{}, sets: map[string]*instanceSet{}, metrics: m}
 }
 
 // Subscribe registers fn to be called after every applied batch that
@@ -144,6 +152,8 @@ func (s *Store) RemovePlugin(plugin string) {
 	if removed {
 		s.reorderLocked()
 	}
+	delete(s.sets, plugin)
+	s.metrics.setDone.DeleteLabelValues(plugin)
 	s.mu.Unlock()
 	if removed {
 		s.publish(model.Change{Full: true})
@@ -167,31 +177,138 @@ func (s *Store) Disconnected(plugin string) {
 
 // Session applies one Watch stream of a plugin. A new session starts for
 // every (re)connection; it begins with the plugin's snapshot.
+//
+// Instances the plugin had before the session that the session has not
+// mentioned yet keep serving, stale, until the plugin's instance set is
+// complete: the plugin says so (Batch.InstanceSetComplete, which an older
+// plugin's snapshot_done implies) or Expire is called when its sync
+// timeout passes. Only then are they removed. So a plugin that restarts
+// while a source is down (a remote cluster not yet rediscovered, a Consul
+// datacenter list not yet fetched) does not take that source's last-known
+// state with it.
 type Session struct {
 	store  *Store
 	plugin string
-	inSnap map[InstanceKey]bool // instances the snapshot mentioned
-	done   bool                 // snapshot complete
-	// known are the plugin's instances when the session began: their
-	// snapshot is built aside until they sync.
+	// mentioned are the instances the session has added and not removed.
+	// Guarded by the store's mu.
+	mentioned map[InstanceKey]bool
+	done      bool // snapshot complete; read with SnapshotDone
+	// known are the plugin's instances when the session began: their new
+	// state is built aside until they sync.
 	known map[InstanceKey]bool
+	set   *instanceSet
 	// wire decodes the responses given to Apply.
 	wire *protoconv.Stream
 }
 
+// instanceSet is the state of one plugin's instance set, for readiness and
+// /debug/syncz. Guarded by the store's mu.
+type instanceSet struct {
+	sess        *Session
+	since       time.Time
+	timeoutAt   time.Time
+	completedAt time.Time
+	by          string
+	health      *sdk.InstanceHealth
+}
+
+// InstanceSetStatus is whether a plugin's current stream has declared every
+// instance it will report.
+type InstanceSetStatus struct {
+	Plugin string `json:"plugin"`
+	// Complete is true once the plugin said so, or its sync timeout passed.
+	Complete bool `json:"complete"`
+	// CompletedBy says how: "plugin" (instance_set_complete, or
+	// snapshot_done from a plugin without CAPABILITY_INSTANCE_SET) or
+	// "sync timeout".
+	CompletedBy string `json:"completed_by,omitempty"`
+	// Since is when the stream began; the host has been waiting since then
+	// while Complete is false.
+	Since       time.Time `json:"since"`
+	CompletedAt time.Time `json:"completed_at,omitzero"`
+	// TimeoutAt is when the host stops waiting, if a timeout is armed.
+	TimeoutAt time.Time `json:"timeout_at,omitzero"`
+	// Health is the plugin's connection to the source that lists its
+	// instances, as it last reported it (nil: never reported).
+	Health *sdk.InstanceHealth `json:"plugin_health,omitempty"`
+}
+
+// InstanceSet reports the instance set of plugin's current stream; false if
+// the plugin has never connected.
+func (s *Store) InstanceSet(plugin string) (InstanceSetStatus, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	set, ok := s.sets[plugin]
+	if !ok {
+		return InstanceSetStatus{Plugin: plugin}, false
+	}
+	return InstanceSetStatus{Plugin: plugin, Complete: !set.completedAt.IsZero(), CompletedBy: set.by,
+		Since: set.since, CompletedAt: set.completedAt, TimeoutAt: set.timeoutAt, Health: set.health}, true
+}
+
 // NewSession starts applying a new stream of plugin.
 func (s *Store) NewSession(plugin string) *Session {
-	sess := &Session{store: s, plugin: plugin, inSnap: map[InstanceKey]bool{}, known: map[InstanceKey]bool{}}
-	for _, in := range s.Instances() {
-		if in.Key.Plugin == plugin {
-			sess.known[in.Key] = true
+	sess := &Session{store: s, plugin: plugin, mentioned: map[InstanceKey]bool{}, known: map[InstanceKey]bool{}}
+	s.mu.Lock()
+	for k := range s.instances {
+		if k.Plugin == plugin {
+			sess.known[k] = true
 		}
 	}
+	sess.set = &instanceSet{sess: sess, since: time.Now()}
+	s.sets[plugin] = sess.set
+	s.metrics.setDone.WithLabelValues(plugin).Set(0)
+	s.mu.Unlock()
 	return sess
 }
 
+// ExpireAfter arms the session's sync timeout, counted from the session's
+// start: if the instance set is not complete by then, Expire completes it.
+// The returned function disarms it; call it when the session ends.
+func (sess *Session) ExpireAfter(d time.Duration) (stop func() bool) {
+	sess.store.mu.Lock()
+	sess.set.timeoutAt = sess.set.since.Add(d)
+	at := sess.set.timeoutAt
+	sess.store.mu.Unlock()
+	return time.AfterFunc(time.Until(at), sess.Expire).Stop
+}
+
+// Expire gives up waiting for the plugin to declare its instance set, as
+// when its sync timeout passes: the instances the session has not
+// mentioned are removed. It does nothing once the set is complete, or once
+// a newer session of the plugin has begun.
+func (sess *Session) Expire() {
+	s := sess.store
+	var change model.Change
+	s.mu.Lock()
+	if s.sets[sess.plugin] != sess.set || !sess.set.completedAt.IsZero() {
+		s.mu.Unlock()
+		return
+	}
+	tx := s.begin()
+	sess.completeSet(tx, &change, "sync timeout")
+	if tx.reorder {
+		s.reorderLocked()
+	}
+	tx.unlock()
+	s.mu.Unlock()
+	s.publish(change)
+}
+
 // SnapshotDone reports whether the session's snapshot has been applied.
-func (sess *Session) SnapshotDone() bool { return sess.done }
+func (sess *Session) SnapshotDone() bool {
+	sess.store.mu.RLock()
+	defer sess.store.mu.RUnlock()
+	return sess.done
+}
+
+// InstanceSetComplete reports whether the session's instance set is
+// complete: declared by the plugin or given up on by Expire.
+func (sess *Session) InstanceSetComplete() bool {
+	sess.store.mu.RLock()
+	defer sess.store.mu.RUnlock()
+	return !sess.set.completedAt.IsZero()
+}
 
 // Apply checks and decodes one wire response with the SDK's stream decoder,
 // as the plugin client does, and applies it with ApplyBatch. It serves
@@ -231,7 +348,13 @@ func (sess *Session) ApplyBatch(b *pluginclient.Batch) {
 		sess.apply(tx, ev, &change)
 	}
 	if b.SnapshotDone && !sess.done {
-		sess.finishSnapshot(tx, &change)
+		sess.finishSnapshot(tx)
+	}
+	if b.PluginHealth != nil {
+		sess.set.health = b.PluginHealth
+	}
+	if b.InstanceSetComplete && sess.set.completedAt.IsZero() {
+		sess.completeSet(tx, &change, "plugin")
 	}
 	if tx.reorder {
 		s.reorderLocked()
@@ -278,26 +401,36 @@ func (tx *batchTx) unlock() {
 	}
 }
 
-// finishSnapshot removes instances the snapshot no longer has and clears
-// the stale mark of instances whose new state is live.
-func (sess *Session) finishSnapshot(tx *batchTx, change *model.Change) {
+// finishSnapshot clears the stale mark of instances the snapshot mentioned
+// whose new state is live. Instances it did not mention wait for the
+// instance set to be complete.
+func (sess *Session) finishSnapshot(tx *batchTx) {
 	sess.done = true
 	s := sess.store
-	for k, in := range s.instances {
-		if k.Plugin != sess.plugin {
-			continue
-		}
-		if !sess.inSnap[k] {
-			delete(s.instances, k)
-			s.metrics.instances.WithLabelValues(k.Plugin, k.Provider).Dec()
-			change.Full = true
-			tx.reorder = true
-			continue
-		}
+	for k := range sess.mentioned {
+		in := s.instances[k]
 		tx.lock(in)
 		if in.pending == nil {
 			in.stale = false
 		}
+	}
+}
+
+// completeSet removes the plugin's instances that the session has not
+// mentioned: the plugin has declared every instance it will report, or
+// the host stopped waiting. Caller holds s.mu for writing.
+func (sess *Session) completeSet(tx *batchTx, change *model.Change, by string) {
+	s := sess.store
+	sess.set.completedAt, sess.set.by = time.Now(), by
+	s.metrics.setDone.WithLabelValues(sess.plugin).Set(1)
+	for k := range s.instances {
+		if k.Plugin != sess.plugin || sess.mentioned[k] {
+			continue
+		}
+		delete(s.instances, k)
+		s.metrics.instances.WithLabelValues(k.Plugin, k.Provider).Dec()
+		change.Full = true
+		tx.reorder = true
 	}
 }
 
@@ -317,7 +450,9 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *model.Ch
 			tx.reorder = true
 			change.Full = true
 		}
-		delete(sess.inSnap, key)
+		delete(sess.mentioned, key)
+		// Added again later, it starts from nothing: no state to keep.
+		delete(sess.known, key)
 		return
 	}
 
@@ -377,13 +512,11 @@ func (sess *Session) apply(tx *batchTx, ev *pluginclient.Event, change *model.Ch
 
 func (sess *Session) addInstance(tx *batchTx, key InstanceKey, props sdk.InstanceProperties, change *model.Change) {
 	s := sess.store
-	// Only the first mention in a snapshot starts building the instance
+	// Only the first mention on the session starts building the instance
 	// aside: a second one (new properties) must not throw away what the
-	// snapshot has built since.
-	first := !sess.inSnap[key]
-	if !sess.done {
-		sess.inSnap[key] = true
-	}
+	// session has built since.
+	first := !sess.mentioned[key]
+	sess.mentioned[key] = true
 	in, ok := s.instances[key]
 	if !ok {
 		s.seq++
@@ -398,8 +531,10 @@ func (sess *Session) addInstance(tx *batchTx, key InstanceKey, props sdk.Instanc
 		in.props = props
 		change.Full = true
 	}
-	if !sess.done && first && sess.known[key] && in.pending == nil {
-		// A reconnect: build the new snapshot aside, keep serving the old.
+	if first && sess.known[key] && in.pending == nil {
+		// A reconnect: build the new state aside, keep serving the old,
+		// whether the instance comes in the snapshot or is rediscovered
+		// after it.
 		in.pending = newData()
 		in.stale = true
 	}

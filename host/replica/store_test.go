@@ -20,6 +20,7 @@ import (
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/pluginclient"
+	"github.com/estuary-mesh/estuary/sdk/protoconv"
 )
 
 // --- hand-built protocol messages ---
@@ -615,6 +616,7 @@ func TestMetrics(t *testing.T) {
 	st.snapshot(t, true, added("c1", nil), added("c2", nil), upsert("c1", "a.example.com", 80),
 		endpoints("c1", "a.example.com", "10.0.0.1", "10.0.0.2", "10.0.0.3"))
 	st.delta(t, removed("c2"))
+	connectSet(s, "k8s").send(t, true, false, added("c1", nil)) // waits for its instance set
 	values := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -636,13 +638,157 @@ func TestMetrics(t *testing.T) {
 		"estuary_registry_events_total,kind=instance_removed,plugin=static":   1,
 		"estuary_registry_events_total,kind=service_upserted,plugin=static":   1,
 		"estuary_registry_events_total,kind=endpoints_replaced,plugin=static": 1,
+		"estuary_plugin_instance_set_complete,plugin=static":                  1,
+		"estuary_plugin_instance_set_complete,plugin=k8s":                     0,
 	}
 	for k, v := range want {
-		if values[k] != v {
+		if got, ok := values[k]; !ok || got != v {
 			t.Errorf("%s = %v, want %v", k, values[k], v)
 		}
 	}
 	if s.EndpointUpdates() != 3 {
 		t.Errorf("EndpointUpdates() = %d, want 3", s.EndpointUpdates())
+	}
+}
+
+// setStream is a stream from a plugin that declared INSTANCE_SET: its
+// snapshot_done does not complete the instance set, instance_set_complete
+// does.
+type setStream struct {
+	sess *replica.Session
+	wire *protoconv.Stream
+	seq  uint64
+}
+
+func connectSet(s *replica.Store, plugin string) *setStream {
+	return &setStream{sess: s.NewSession(plugin),
+		wire: protoconv.NewStream(sdk.CapabilityMultiInstance, sdk.CapabilityGateways, sdk.CapabilityInstanceSet)}
+}
+
+func (st *setStream) send(t *testing.T, snapshot, complete bool, evs ...*registryv1.Event) {
+	t.Helper()
+	st.seq++
+	b, err := st.wire.Decode(&registryv1.WatchResponse{Sequence: st.seq, Snapshot: snapshot, SnapshotDone: snapshot,
+		InstanceSetComplete: complete, Events: evs})
+	if err != nil {
+		t.Fatalf("response %d: %v", st.seq, err)
+	}
+	st.sess.ApplyBatch(b)
+}
+
+// restarted is a store holding plugin "k8s" with clusters c1 (service a)
+// and c2 (service b, endpoint 10.0.0.2), whose plugin then died and came
+// back with a snapshot of c1 only: c2 is not rediscovered yet.
+func restarted(t *testing.T) (*replica.Store, *setStream) {
+	s := replica.NewStore(nil)
+	first := connectSet(s, "k8s")
+	first.send(t, true, true, added("c1", nil), upsert("c1", "a.example.com", 80), synced("c1"),
+		added("c2", nil), upsert("c2", "b.example.com", 80), endpoints("c2", "b.example.com", "10.0.0.2"), synced("c2"))
+	s.Disconnected("k8s")
+	st := connectSet(s, "k8s")
+	st.send(t, true, false, added("c1", nil), upsert("c1", "a.example.com", 80), synced("c1"))
+	return s, st
+}
+
+// TestInstanceSetKeepsUnmentioned: until the restarted plugin declares its
+// instance set complete, an instance it has not mentioned yet keeps
+// serving its last-known state, stale; rediscovered, it swaps in its new
+// state at its own sync.
+func TestInstanceSetKeepsUnmentioned(t *testing.T) {
+	s, st := restarted(t)
+	k2 := key("k8s", "c2")
+	in := s.Instance(k2)
+	if in == nil {
+		t.Fatal("c2, not yet rediscovered, was removed at snapshot_done")
+	}
+	if got := addrs(in.Endpoints("b.example.com")); got != "10.0.0.2" || !in.Status().Stale {
+		t.Errorf("c2 before the instance set is complete: endpoints %q, status %+v; want 10.0.0.2, stale", got, in.Status())
+	}
+	if set, _ := s.InstanceSet("k8s"); set.Complete {
+		t.Errorf("instance set %+v, want waiting", set)
+	}
+	if c1 := s.Instance(key("k8s", "c1")).Status(); c1.Stale {
+		t.Errorf("c1, resynced in the snapshot, still stale: %+v", c1)
+	}
+
+	// Rediscovered after the snapshot: the new state (service c, no b) is
+	// built aside.
+	st.send(t, false, false, added("c2", nil), upsert("c2", "c.example.com", 80))
+	if got := hostnames(in); !slices.Equal(got, []string{"b.example.com"}) {
+		t.Errorf("c2 rediscovered, not synced: services %v, want the old [b] until sync", got)
+	}
+	st.send(t, false, true, endpoints("c2", "c.example.com", "10.0.0.3"), synced("c2"))
+	if got := hostnames(in); s.Instance(k2) != in || !slices.Equal(got, []string{"c.example.com"}) || addrs(in.Endpoints("c.example.com")) != "10.0.0.3" || in.Status().Stale {
+		t.Errorf("c2 after sync and the complete set: services %v, endpoints %q, status %+v", got, addrs(in.Endpoints("c.example.com")), in.Status())
+	}
+	if set, _ := s.InstanceSet("k8s"); !set.Complete || set.CompletedBy != "plugin" {
+		t.Errorf("instance set %+v, want complete by the plugin", set)
+	}
+}
+
+// TestInstanceSetRemovesWhatItLacks: once the plugin declares its set
+// complete, what it did not mention is gone.
+func TestInstanceSetRemovesWhatItLacks(t *testing.T) {
+	s, st := restarted(t)
+	var changes []model.Change
+	s.Subscribe(func(c model.Change) { changes = append(changes, c) })
+	st.send(t, false, true)
+	if s.Instance(key("k8s", "c2")) != nil {
+		t.Errorf("c2, absent from the complete instance set, still there")
+	}
+	if s.Instance(key("k8s", "c1")) == nil {
+		t.Errorf("c1 removed")
+	}
+	if len(changes) != 1 || !changes[0].Full {
+		t.Errorf("changes %+v, want one Full", changes)
+	}
+}
+
+// TestInstanceSetTimeout: a plugin that never declares its set complete
+// loses what it did not mention when its sync timeout passes, and only
+// then; a stale session's timer does nothing.
+func TestInstanceSetTimeout(t *testing.T) {
+	s, st := restarted(t)
+	stop := st.sess.ExpireAfter(time.Hour)
+	defer stop()
+	if set, _ := s.InstanceSet("k8s"); set.Complete || set.TimeoutAt.IsZero() || set.Since.IsZero() {
+		t.Errorf("instance set %+v, want waiting with a timeout", set)
+	}
+	old := connectSet(replica.NewStore(nil), "k8s")
+	old.sess.Expire() // another store's session: nothing here changes
+	if s.Instance(key("k8s", "c2")) == nil {
+		t.Fatal("c2 removed before the timeout")
+	}
+
+	st.sess.Expire() // what the timer does when the hour has passed
+	if s.Instance(key("k8s", "c2")) != nil {
+		t.Errorf("c2 still there after the sync timeout")
+	}
+	if set, _ := s.InstanceSet("k8s"); !set.Complete || set.CompletedBy != "sync timeout" || !st.sess.InstanceSetComplete() {
+		t.Errorf("instance set %+v, want complete by the sync timeout", set)
+	}
+
+	// A session replaced by a newer one expires nothing.
+	s2, st2 := restarted(t)
+	s2.Disconnected("k8s")
+	connectSet(s2, "k8s")
+	st2.sess.Expire()
+	if s2.Instance(key("k8s", "c2")) == nil {
+		t.Errorf("an old session's timeout removed c2 from the new session's store")
+	}
+}
+
+// TestSnapshotDoneCompletesOldPlugins: a plugin without INSTANCE_SET keeps
+// the old rule, its snapshot is its instance set.
+func TestSnapshotDoneCompletesOldPlugins(t *testing.T) {
+	s := replica.NewStore(nil)
+	connect(s, "static").snapshot(t, true, added("c1", nil), added("c2", nil), synced("c1"), synced("c2"))
+	s.Disconnected("static")
+	connect(s, "static").snapshot(t, true, added("c1", nil), synced("c1"))
+	if s.Instance(key("static", "c2")) != nil {
+		t.Errorf("c2 kept; an old plugin's snapshot_done completes its instance set")
+	}
+	if set, _ := s.InstanceSet("static"); !set.Complete || set.CompletedBy != "plugin" {
+		t.Errorf("instance set %+v", set)
 	}
 }

@@ -72,6 +72,8 @@ func servePlugin(mode string) {
 		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &gatewaysPlugin{rt: rt, declare: true} })
 	case "gateways-late":
 		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &gatewaysPlugin{rt: rt, late: 200 * time.Millisecond} })
+	case "set":
+		sdk.Serve(func(rt sdk.Runtime) sdk.Plugin { return &setPlugin{rt: rt} })
 	case "crash":
 		fmt.Fprintln(os.Stderr, "crashing on purpose")
 		os.Exit(1)
@@ -292,4 +294,27 @@ func (p *gatewaysPlugin) Configure(context.Context, *sdk.ConfigureRequest) (*sdk
 		return nil, err
 	}
 	return &sdk.ConfigureResponse{}, st.MarkSynced(id)
+}
+
+// setPlugin declares CAPABILITY_INSTANCE_SET and reports one instance; it
+// declares its instance set complete only if its config says `complete =
+// true`.
+type setPlugin struct{ rt sdk.Runtime }
+
+func (p *setPlugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Name: "set", Version: "1", Capabilities: []sdk.Capability{sdk.CapabilityInstanceSet},
+		ConfigSchema: &sdk.Schema{Attributes: []sdk.Attribute{{Name: "complete", Type: "bool"}}}}, nil
+}
+
+func (p *setPlugin) Configure(_ context.Context, req *sdk.ConfigureRequest) (*sdk.ConfigureResponse, error) {
+	var cfg struct{ Complete *bool }
+	if err := req.Decode(&cfg); err != nil {
+		return nil, err
+	}
+	id := sdk.InstanceID{Provider: "Test", Cluster: "c1"}
+	p.rt.State.SetInstance(id, sdk.InstanceProperties{})
+	if cfg.Complete != nil && *cfg.Complete {
+		p.rt.State.InstanceSetComplete()
+	}
+	return &sdk.ConfigureResponse{}, p.rt.State.MarkSynced(id)
 }

@@ -64,6 +64,11 @@ type Status struct {
 	ConfigGeneration   uint64 `json:"config_generation"`
 	RunningGeneration  uint64 `json:"running_generation"`
 	RejectedGeneration uint64 `json:"rejected_generation,omitempty"`
+	// InstanceSetComplete is set once a stream of the plugin has declared
+	// every instance it will report; readiness waits for it, or for the
+	// sync timeout. It stays set across restarts: a restarted plugin's
+	// instances serve their last-known state meanwhile.
+	InstanceSetComplete bool `json:"instance_set_complete"`
 }
 
 // generation is one applied config block of a plugin, with the mesh
@@ -152,12 +157,12 @@ func (r *runner) snapshot() Status {
 	return st
 }
 
-// readiness reports whether the plugin has streamed a complete snapshot,
-// and how long readiness waits for one.
-func (r *runner) readiness() (snapshotReceived bool, syncTimeout time.Duration) {
+// readiness reports whether the plugin has declared its instance set
+// complete, and how long readiness waits for that.
+func (r *runner) readiness() (instanceSetComplete bool, syncTimeout time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.status.SnapshotReceived, r.desired.cfg.SyncTimeout
+	return r.status.InstanceSetComplete, r.desired.cfg.SyncTimeout
 }
 
 // nextLocked is the generation to start: the desired one unless it was
@@ -417,6 +422,9 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 	}()
 
 	sess := r.sup.store.NewSession(cfg.Label)
+	// Past the sync timeout, stop waiting for the plugin to declare its
+	// instance set, and drop what it has not declared again.
+	defer sess.ExpireAfter(cfg.SyncTimeout)()
 	for {
 		b, err := stream.Recv()
 		var perr *pluginclient.ProtocolError
@@ -442,9 +450,10 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 		}
 		sess.ApplyBatch(b)
-		if b.SnapshotDone {
+		if b.SnapshotDone || b.InstanceSetComplete {
 			r.mu.Lock()
-			r.status.SnapshotReceived = true
+			r.status.SnapshotReceived = r.status.SnapshotReceived || b.SnapshotDone
+			r.status.InstanceSetComplete = r.status.InstanceSetComplete || b.InstanceSetComplete
 			r.mu.Unlock()
 		}
 	}

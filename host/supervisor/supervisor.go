@@ -244,16 +244,18 @@ func (s *Supervisor) Running(label string) (cfg *config.Plugin, latest bool) {
 	return r.running()
 }
 
-// Ready reports whether every plugin has delivered its first snapshot or
-// its sync timeout has passed since the supervisor started it.
+// Ready reports whether every plugin has declared its instance set
+// complete (for a plugin without CAPABILITY_INSTANCE_SET, delivered its
+// first snapshot) or its sync timeout has passed since the supervisor
+// started it. If not, it names the plugins it waits for.
 func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var waiting []string
 	for _, label := range s.order {
 		r := s.runners[label]
-		received, syncTimeout := r.readiness()
-		if !received && now.Sub(r.created) < syncTimeout {
+		complete, syncTimeout := r.readiness()
+		if !complete && now.Sub(r.created) < syncTimeout {
 			waiting = append(waiting, label)
 		}
 	}

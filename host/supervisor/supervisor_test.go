@@ -323,3 +323,41 @@ func TestProtocolErrorIsNeverHealthy(t *testing.T) {
 		t.Errorf("want the state from before the protocol error served stale, without the gateways")
 	}
 }
+
+// TestReadyWaitsForTheInstanceSet: a plugin with CAPABILITY_INSTANCE_SET
+// keeps the host unready after its snapshot until it declares its instance
+// set complete, or until its sync timeout passes; the timeout completes the
+// set in the store too.
+func TestReadyWaitsForTheInstanceSet(t *testing.T) {
+	sup, store := newTestSupervisor(t)
+	done := selfPlugin(t, "done", "set", `complete = true`)
+	silent := selfPlugin(t, "silent", "set", ``)
+	silent.SyncTimeout = 3 * time.Second
+	if diags := sup.Apply(&config.File{Plugins: []*config.Plugin{done, silent}}); diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	waitStatus(t, sup, "done", "instance set complete", func(s Status) bool { return s.InstanceSetComplete })
+	waitStatus(t, sup, "silent", "snapshot", func(s Status) bool { return s.SnapshotReceived })
+	if ready, waiting := sup.Ready(time.Now()); ready || !slices.Equal(waiting, []string{"silent"}) {
+		t.Errorf("Ready = %v %v, want false, waiting for silent (snapshot, no instance set)", ready, waiting)
+	}
+	if set, _ := store.InstanceSet("silent"); set.Complete || set.TimeoutAt.Sub(set.Since) != 3*time.Second {
+		t.Errorf("silent's instance set %+v, want waiting with a 3s timeout", set)
+	}
+	if set, _ := store.InstanceSet("done"); !set.Complete || set.CompletedBy != "plugin" {
+		t.Errorf("done's instance set %+v, want complete by the plugin", set)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for set, _ := store.InstanceSet("silent"); !set.Complete; set, _ = store.InstanceSet("silent") {
+		if time.Now().After(deadline) {
+			t.Fatalf("silent's instance set never timed out: %+v", set)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if set, _ := store.InstanceSet("silent"); set.CompletedBy != "sync timeout" {
+		t.Errorf("silent's instance set %+v, want completed by the sync timeout", set)
+	}
+	if ready, waiting := sup.Ready(time.Now()); !ready {
+		t.Errorf("Ready = %v %v after the sync timeout", ready, waiting)
+	}
+}

@@ -75,6 +75,8 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 		Version: Version,
 		Capabilities: []sdk.Capability{
 			sdk.CapabilityReconfigure, sdk.CapabilityMultiInstance, sdk.CapabilityGateways,
+			// Without configured datacenters, the agent names them.
+			sdk.CapabilityInstanceSet,
 		},
 		ConfigSchema: schema,
 	}, nil
@@ -221,6 +223,10 @@ func (r *run) main(context.Context) {
 		d := r.newDatacenter(name)
 		r.wg.Go(func() { d.watchCatalog(r.ctx) })
 	}
+	// Every datacenter is declared (newDatacenter did it): only now may a
+	// restarted plugin's host drop the ones not declared again. Until then
+	// an agent that is down keeps the last-known services served.
+	r.p.rt.State.InstanceSetComplete()
 	<-r.ctx.Done()
 }
 
@@ -264,11 +270,16 @@ func (r *run) ownDatacenter() (string, bool) {
 			return "", false
 		}
 		if err == nil {
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Healthy: true})
 			return dc, true
 		}
 		err = r.explain(r.ctx, err)
 		if msg := describe(err); msg != last {
 			r.p.log.Error("cannot learn the agent's datacenter; set datacenters to skip this step", "error", msg)
+			// No datacenter is known, so no instance can say it: the
+			// plugin does, and the host shows it until the agent answers.
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Message: fmt.Sprintf(
+				"Consul never reached: cannot learn the agent's datacenter from %s (set datacenters to skip this step): %s", r.s.api.Address, msg)})
 			last = msg
 		}
 		r.reloadToken(err)

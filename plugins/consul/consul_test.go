@@ -595,3 +595,44 @@ func TestSameConfigKeepsWatches(t *testing.T) {
 		}
 	}
 }
+
+// TestInstanceSetWaitsForTheAgent: without configured datacenters, the
+// plugin declares its instance set complete only once the agent has named
+// its datacenter, and that datacenter is declared by then; while the agent
+// cannot be reached it says nothing is complete.
+func TestInstanceSetWaitsForTheAgent(t *testing.T) {
+	c := startConsul(t)
+	c.Stop()
+	p := startStrict(t)
+	p.configure(t, fmt.Sprintf("address = %q\n", c.Addr))
+	p.watch(t)
+	p.waitFor(t, wait, "the snapshot", func(r *sdktest.Replica) bool { return r.SnapshotDone })
+	deadline := time.Now().Add(wait)
+	for !strings.Contains(p.logs.String(), "cannot learn the agent's datacenter") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugin never failed to reach the stopped agent:\n%s", p.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.waitFor(t, wait, "the plugin's health to say why", func(r *sdktest.Replica) bool { return r.PluginHealth != nil })
+	p.with(func(r *sdktest.Replica) {
+		if r.InstanceSetComplete {
+			t.Errorf("instance set complete with %v while the agent is down", r.DeclaredAtComplete)
+		}
+		if h := r.PluginHealth; h.Healthy || !strings.Contains(h.Message, "Consul never reached") || !strings.Contains(h.Message, "connection refused") {
+			t.Errorf("plugin health %+v, want unhealthy: Consul never reached ... connection refused", h)
+		}
+	})
+	c.Start()
+	p.waitFor(t, wait, "the instance set complete", func(r *sdktest.Replica) bool { return r.InstanceSetComplete })
+	p.with(func(r *sdktest.Replica) {
+		if !r.PluginHealth.Healthy {
+			t.Errorf("plugin health %+v once the agent answered, want healthy", r.PluginHealth)
+		}
+	})
+	p.with(func(r *sdktest.Replica) {
+		if want := []sdk.InstanceID{{Provider: sdk.ProviderConsul, Cluster: "dc1"}}; !slices.Equal(r.DeclaredAtComplete, want) {
+			t.Errorf("declared when complete: %v, want %v", r.DeclaredAtComplete, want)
+		}
+	})
+}

@@ -182,6 +182,13 @@ func (c *controller) run(inherited []string) {
 		}
 	}
 	c.mu.Unlock()
+	// The secret informer has synced and every remote cluster its secrets
+	// name is declared (a member is declared when it is added, before its
+	// own API server answers): a restarted plugin's host may now drop the
+	// clusters no secret names any more. Until then it keeps them, so a
+	// remote API server that is down while the plugin restarts does not
+	// take the cluster's last-known endpoints with it.
+	c.state.InstanceSetComplete()
 	for {
 		key, shutdown := c.queue.Get()
 		if shutdown {

@@ -69,6 +69,8 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 		Version: Version,
 		Capabilities: []sdk.Capability{
 			sdk.CapabilityReconfigure, sdk.CapabilityMultiInstance, sdk.CapabilityGateways,
+			// Remote clusters are known only once the secrets are read.
+			sdk.CapabilityInstanceSet,
 		},
 		ConfigSchema: schema,
 	}, nil

@@ -361,3 +361,39 @@ users:
 		})
 	})
 }
+
+// TestInstanceSetWaitsForRemoteClusters: the plugin declares its instance
+// set complete only once the remote secrets are read and every cluster
+// they name is declared, even a cluster whose API server does not answer
+// (frozen with SIGSTOP): a restarted plugin's host must not drop that
+// cluster's last-known state for lack of it.
+func TestInstanceSetWaitsForRemoteClusters(t *testing.T) {
+	ks := testbed.StartKubes(t, 2)
+	k1 := kube{t, ks[0].Client()}
+	k1.namespaceNamed("istio-system", nil)
+	k2 := kube{t, ks[1].Client()}
+	k2.namespaceNamed("istio-system", nil)
+	token := k2.readerToken("istio-system", "reader")
+	if _, err := k1.c.CoreV1().Secrets("istio-system").Create(ctxb, remoteSecret("istio-system", "istio-remote-secret-cluster2",
+		map[string]string{"cluster2": remoteKubeconfig("cluster2", ks[1].Server, ks[1].CAData, token)}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ks[1].Freeze()
+	defer ks[1].Thaw()
+
+	rec := startRecorder(t, fmt.Sprintf(`
+kubeconfig = %q
+cluster_id = "cluster1"
+allowed_servers = ["127.0.0.0/8"]
+`, ks[0].Kubeconfig), sdk.MeshSettings{DomainSuffix: "cluster.local"})
+	rec.waitFor(t, "the instance set complete", func(r *sdktest.Replica) bool { return r.InstanceSetComplete })
+	rec.with(func(r *sdktest.Replica) {
+		want := []sdk.InstanceID{{Provider: sdk.ProviderKubernetes, Cluster: "cluster1"}, {Provider: sdk.ProviderKubernetes, Cluster: "cluster2"}}
+		if !slices.Equal(r.DeclaredAtComplete, want) {
+			t.Errorf("instances declared when the set was complete: %v, want %v", r.DeclaredAtComplete, want)
+		}
+		if in := instance(r, "cluster2"); in == nil || in.Synced {
+			t.Errorf("cluster2 = %+v, want declared and, its API server frozen, not synced", in)
+		}
+	})
+}

@@ -96,7 +96,7 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 	return &sdk.DescribeResponse{
 		Name:         Name,
 		Version:      Version,
-		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure},
+		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityInstanceSet},
 		ConfigSchema: configSchema,
 	}, nil
 }
@@ -141,6 +141,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 		}
 	}
 	p.state.SetInstance(s.id, s.props)
+	p.state.InstanceSetComplete() // its one instance is the whole set
 	logger := p.logger.With("provider", s.id.Provider, "cluster", s.id.Cluster)
 	var sources []source
 	if s.dir != "" {

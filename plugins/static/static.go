@@ -34,7 +34,7 @@ func (p *plugin) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeR
 	return &sdk.DescribeResponse{
 		Name:         "static",
 		Version:      Version,
-		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityGateways},
+		Capabilities: []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityGateways, sdk.CapabilityInstanceSet},
 		ConfigSchema: schema,
 	}, nil
 }
@@ -155,6 +155,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 	}
 	p.id = id
 	p.state.SetInstance(id, props)
+	p.state.InstanceSetComplete() // its one instance is the whole set
 	if err := p.state.ReplaceInstance(id, snap); err != nil {
 		return nil, fmt.Errorf("static: %w", err)
 	}

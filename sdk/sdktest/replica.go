@@ -18,6 +18,14 @@ type Replica struct {
 	Instances map[sdk.InstanceID]*Instance
 	// SnapshotDone is set once the stream's snapshot is complete.
 	SnapshotDone bool
+	// InstanceSetComplete is set once the plugin has said every instance
+	// it will report is declared (for a plugin without
+	// CAPABILITY_INSTANCE_SET, with snapshot_done); DeclaredAtComplete are
+	// the instances the replica held then.
+	InstanceSetComplete bool
+	DeclaredAtComplete  []sdk.InstanceID
+	// PluginHealth is the plugin's own health as last reported, or nil.
+	PluginHealth *sdk.InstanceHealth
 	// Responses counts applied responses.
 	Responses int
 
@@ -43,7 +51,7 @@ type Instance struct {
 // suite's watchers (Harness.Watch) check those too.
 func NewReplica() *Replica {
 	r := newReplica()
-	r.decoder = stream.NewDecoder([]sdk.Capability{sdk.CapabilityMultiInstance, sdk.CapabilityGateways})
+	r.decoder = stream.NewDecoder([]sdk.Capability{sdk.CapabilityMultiInstance, sdk.CapabilityGateways, sdk.CapabilityInstanceSet})
 	return r
 }
 
@@ -98,6 +106,13 @@ func (r *Replica) apply(b *stream.Batch) {
 	}
 	if b.SnapshotDone {
 		r.SnapshotDone = true
+	}
+	if b.PluginHealth != nil {
+		r.PluginHealth = b.PluginHealth
+	}
+	if b.InstanceSetComplete {
+		r.InstanceSetComplete = true
+		r.DeclaredAtComplete = slices.SortedFunc(maps.Keys(r.Instances), func(a, b sdk.InstanceID) int { return strings.Compare(a.String(), b.String()) })
 	}
 }
 

@@ -9,6 +9,9 @@
 //   - every event names its instance, and an instance is added before any
 //     other event of it;
 //   - every instance reports synced;
+//   - the plugin declares CAPABILITY_INSTANCE_SET and marks its instance
+//     set complete on every stream, with every instance it reports already
+//     declared then;
 //   - a new stream's snapshot equals what the first stream's deltas built;
 //   - Configure can be called again on a running plugin;
 //   - the plugin stops cleanly when the host kills it.
@@ -19,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -71,8 +75,19 @@ func Run(t *testing.T, s Suite) {
 		t.Fatalf("Configure rejected the config: %v", diags)
 	}
 
+	if !desc.HasCapability(sdk.CapabilityInstanceSet) {
+		t.Errorf("Describe: plugin lacks CAPABILITY_INSTANCE_SET; a host that restarts it keeps its old instances until the sync timeout")
+	}
 	w1 := h.Watch(t)
 	w1.WaitFor(t, s.SyncTimeout, "every instance synced", AllSynced)
+	w1.WaitFor(t, s.SyncTimeout, "the instance set complete (State.InstanceSetComplete)", func(r *Replica) bool { return r.InstanceSetComplete })
+	w1.With(func(r *Replica) {
+		for id := range r.Instances {
+			if !slices.Contains(r.DeclaredAtComplete, id) {
+				t.Errorf("instance %s was declared after the instance set was complete (then: %v)", id, r.DeclaredAtComplete)
+			}
+		}
+	})
 	if s.Check != nil {
 		w1.With(func(r *Replica) { s.Check(t, r) })
 	}
@@ -83,7 +98,7 @@ func Run(t *testing.T, s Suite) {
 
 	// Deltas must have built what a fresh snapshot says.
 	w2 := h.Watch(t)
-	w2.WaitFor(t, s.SyncTimeout, "second stream's snapshot", func(r *Replica) bool { return r.SnapshotDone })
+	w2.WaitFor(t, s.SyncTimeout, "second stream's snapshot and instance set", func(r *Replica) bool { return r.SnapshotDone && r.InstanceSetComplete })
 	w1.With(func(r1 *Replica) {
 		w2.With(func(r2 *Replica) {
 			if diff := r1.Diff(r2); diff != "" {

@@ -37,11 +37,13 @@ func BenchmarkColdStart(b *testing.B) {
 		start := time.Now()
 		h := startHost(b, block)
 		elapsed := time.Since(start)
-		var sync []struct {
-			Endpoints int `json:"endpoints"`
+		var sync struct {
+			Instances []struct {
+				Endpoints int `json:"endpoints"`
+			} `json:"instances"`
 		}
 		h.getJSON("/debug/syncz", &sync)
-		if len(sync) != 1 || sync[0].Endpoints != services*perService {
+		if len(sync.Instances) != 1 || sync.Instances[0].Endpoints != services*perService {
 			b.Fatalf("replica holds %+v, want %d endpoints", sync, services*perService)
 		}
 		b.ReportMetric(elapsed.Seconds(), "s/cold-start")

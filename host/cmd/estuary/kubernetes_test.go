@@ -22,41 +22,7 @@ import (
 // clusters becomes one merged service with a VIP per cluster and the
 // endpoints of both.
 func TestKubernetesMulticlusterMergesInTheAggregate(t *testing.T) {
-	kubes := testbed.StartKubes(t, 2)
-	k1, k2 := kubes[0], kubes[1]
-	ctx := context.Background()
-	ns := fmt.Sprintf("demo-%d", time.Now().UnixNano()%100000)
-	echo(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
-	echo(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
-
-	remote := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: cluster2
-  cluster:
-    server: %s
-    certificate-authority-data: %s
-contexts:
-- name: cluster2
-  context: {cluster: cluster2, user: cluster2}
-current-context: cluster2
-users:
-- name: cluster2
-  user:
-    token: %s
-`, k2.Server, base64.StdEncoding.EncodeToString(k2.CAData), k2.Token)
-	if _, err := k1.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := k1.Client().CoreV1().Secrets("istio-system").Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "istio-remote-secret-cluster2", Namespace: "istio-system",
-			Labels:      map[string]string{"istio/multiCluster": "true"},
-			Annotations: map[string]string{"networking.istio.io/cluster": "cluster2"}},
-		StringData: map[string]string{"cluster2": remote},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
+	k1, _, ns := twoClusters(t)
 	h := startHost(t, fmt.Sprintf(`plugin "kubernetes" {
   config {
     kubeconfig = %q
@@ -117,4 +83,47 @@ func echo(t *testing.T, c kubernetes.Interface, ns, clusterIP, podIP string) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// twoClusters starts two API servers, creates service echo in a new
+// namespace of each (cluster1: VIP 10.96.1.1, pod 10.1.0.1; cluster2:
+// 10.96.2.2, 10.2.0.1), and registers cluster2 with cluster1 through a
+// remote secret written as `istioctl x create-remote-secret` writes it.
+func twoClusters(t *testing.T) (k1, k2 *testbed.Kube, ns string) {
+	t.Helper()
+	kubes := testbed.StartKubes(t, 2)
+	k1, k2 = kubes[0], kubes[1]
+	ctx := context.Background()
+	ns = fmt.Sprintf("demo-%d", time.Now().UnixNano()%100000)
+	echo(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
+	echo(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
+	remote := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: cluster2
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+contexts:
+- name: cluster2
+  context: {cluster: cluster2, user: cluster2}
+current-context: cluster2
+users:
+- name: cluster2
+  user:
+    token: %s
+`, k2.Server, base64.StdEncoding.EncodeToString(k2.CAData), k2.Token)
+	if _, err := k1.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k1.Client().CoreV1().Secrets("istio-system").Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "istio-remote-secret-cluster2", Namespace: "istio-system",
+			Labels:      map[string]string{"istio/multiCluster": "true"},
+			Annotations: map[string]string{"networking.istio.io/cluster": "cluster2"}},
+		StringData: map[string]string{"cluster2": remote},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	return k1, k2, ns
 }

@@ -98,6 +98,18 @@ func startHost(t testing.TB, plugins string) *host {
 // that content writes for the xDS and admin addresses it is given.
 func startHostFile(t testing.TB, content func(xds, admin string) string) *host {
 	t.Helper()
+	h := launchHost(t, content)
+	h.eventually("ready", 30*time.Second, func() bool {
+		code, _ := h.get("/readyz")
+		return code == http.StatusOK
+	})
+	return h
+}
+
+// launchHost runs estuary on the config file content writes, without
+// waiting for anything.
+func launchHost(t testing.TB, content func(xds, admin string) string) *host {
+	t.Helper()
 	dir := t.TempDir()
 	h := &host{t: t, config: filepath.Join(dir, "plugins.hcl"), xds: freeAddr(t), log: &syncBuffer{}, exited: make(chan struct{})}
 	adminAddr := freeAddr(t)
@@ -118,10 +130,6 @@ func startHostFile(t testing.TB, content func(xds, admin string) string) *host {
 		if t.Failed() {
 			t.Logf("estuary log:\n%s", h.log.String())
 		}
-	})
-	h.eventually("ready", 30*time.Second, func() bool {
-		code, _ := h.get("/readyz")
-		return code == http.StatusOK
 	})
 	return h
 }

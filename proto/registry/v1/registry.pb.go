@@ -55,6 +55,21 @@ const (
 	// The plugin reports network gateways. Without it, GatewaysReplaced is a
 	// protocol error.
 	Capability_CAPABILITY_GATEWAYS Capability = 3
+	// The plugin says when its instance set is complete
+	// (WatchResponse.instance_set_complete), exactly once per Watch stream.
+	// Until it does, the host keeps serving, marked stale, the instances it
+	// knew from the plugin's previous stream that the new stream has not
+	// mentioned yet, and readiness waits. Only then is what the new stream
+	// lacks removed. If the flag does not come within the plugin's
+	// sync_timeout (plugins.hcl), the host removes them anyway and turns ready.
+	//
+	// Without this capability (plugins built before it, protocol version 1
+	// either way) the host treats snapshot_done as the instance set being
+	// complete, as it always did: a plugin whose instances are all known when
+	// it subscribes needs nothing more. A plugin that discovers instances at
+	// run time (remote clusters from Secrets, Consul datacenters) must declare
+	// it, or a restart drops what it has not rediscovered yet.
+	Capability_CAPABILITY_INSTANCE_SET Capability = 4
 )
 
 // Enum value maps for Capability.
@@ -64,12 +79,14 @@ var (
 		1: "CAPABILITY_RECONFIGURE",
 		2: "CAPABILITY_MULTI_INSTANCE",
 		3: "CAPABILITY_GATEWAYS",
+		4: "CAPABILITY_INSTANCE_SET",
 	}
 	Capability_value = map[string]int32{
 		"CAPABILITY_UNSPECIFIED":    0,
 		"CAPABILITY_RECONFIGURE":    1,
 		"CAPABILITY_MULTI_INSTANCE": 2,
 		"CAPABILITY_GATEWAYS":       3,
+		"CAPABILITY_INSTANCE_SET":   4,
 	}
 )
 
@@ -994,11 +1011,32 @@ type WatchResponse struct {
 	Snapshot bool `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// snapshot_done is set on the last response of the initial snapshot. After
 	// it, the host removes whatever its replica holds that the snapshot did not
-	// mention. A plugin with nothing to report sends one response with
+	// mention, unless the plugin declared CAPABILITY_INSTANCE_SET: then that
+	// waits for instance_set_complete. A plugin with nothing to report sends one response with
 	// snapshot and snapshot_done set and no events.
 	SnapshotDone bool `protobuf:"varint,3,opt,name=snapshot_done,json=snapshotDone,proto3" json:"snapshot_done,omitempty"`
 	// events in order.
-	Events        []*Event `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*Event `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	// instance_set_complete says that every instance the plugin will report
+	// has now been declared (InstanceAdded) on this stream: the secret
+	// informer has synced and every remote cluster is added, the datacenter
+	// list is known. It is a plugin-level event, so it is a flag on the batch
+	// rather than an Event, which always belongs to one instance. It applies
+	// after the batch's events. It needs CAPABILITY_INSTANCE_SET, may be set
+	// at most once per stream, and only on the snapshot_done response or a
+	// later one. The instances need not be synced yet: each one's own
+	// InstanceSynced still decides when its new state replaces the old. On
+	// it, the host removes the instances of the plugin's previous stream that
+	// this stream has not added (or has removed since).
+	InstanceSetComplete bool `protobuf:"varint,5,opt,name=instance_set_complete,json=instanceSetComplete,proto3" json:"instance_set_complete,omitempty"`
+	// plugin_health, when set, is the plugin's connection to the source that
+	// lists its instances (the Consul agent that names the datacenters, the
+	// API server that holds the remote secrets), for a problem no instance
+	// can report because no instance is known yet: "connection refused",
+	// "403 Forbidden". It applies after the batch's events and stays until
+	// the next one; a snapshot carries the current one. The host shows it in
+	// /debug/syncz and /readyz. Needs no capability.
+	PluginHealth  *InstanceHealth `protobuf:"bytes,6,opt,name=plugin_health,json=pluginHealth,proto3" json:"plugin_health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1057,6 +1095,20 @@ func (x *WatchResponse) GetSnapshotDone() bool {
 func (x *WatchResponse) GetEvents() []*Event {
 	if x != nil {
 		return x.Events
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetInstanceSetComplete() bool {
+	if x != nil {
+		return x.InstanceSetComplete
+	}
+	return false
+}
+
+func (x *WatchResponse) GetPluginHealth() *InstanceHealth {
+	if x != nil {
+		return x.PluginHealth
 	}
 	return nil
 }
@@ -2559,12 +2611,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\asummary\x18\x02 \x01(\tR\asummary\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x12\n" +
 	"\x04path\x18\x04 \x03(\tR\x04path\"\x0e\n" +
-	"\fWatchRequest\"\xa0\x01\n" +
+	"\fWatchRequest\"\x9e\x02\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12#\n" +
 	"\rsnapshot_done\x18\x03 \x01(\bR\fsnapshotDone\x122\n" +
-	"\x06events\x18\x04 \x03(\v2\x1a.estuary.registry.v1.EventR\x06events\"B\n" +
+	"\x06events\x18\x04 \x03(\v2\x1a.estuary.registry.v1.EventR\x06events\x122\n" +
+	"\x15instance_set_complete\x18\x05 \x01(\bR\x13instanceSetComplete\x12H\n" +
+	"\rplugin_health\x18\x06 \x01(\v2#.estuary.registry.v1.InstanceHealthR\fpluginHealth\"B\n" +
 	"\n" +
 	"InstanceID\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x18\n" +
@@ -2682,13 +2736,14 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\acluster\x18\x02 \x01(\tR\acluster\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\rR\x04port\x12\x1a\n" +
-	"\blocality\x18\x05 \x01(\tR\blocality*|\n" +
+	"\blocality\x18\x05 \x01(\tR\blocality*\x99\x01\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CAPABILITY_RECONFIGURE\x10\x01\x12\x1d\n" +
 	"\x19CAPABILITY_MULTI_INSTANCE\x10\x02\x12\x17\n" +
-	"\x13CAPABILITY_GATEWAYS\x10\x03*H\n" +
+	"\x13CAPABILITY_GATEWAYS\x10\x03\x12\x1b\n" +
+	"\x17CAPABILITY_INSTANCE_SET\x10\x04*H\n" +
 	"\aNesting\x12\x17\n" +
 	"\x13NESTING_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNESTING_SINGLE\x10\x01\x12\x10\n" +
@@ -2785,46 +2840,47 @@ var file_registry_v1_registry_proto_depIdxs = []int32{
 	14, // 7: estuary.registry.v1.ConfigureResponse.diagnostics:type_name -> estuary.registry.v1.Diagnostic
 	2,  // 8: estuary.registry.v1.Diagnostic.severity:type_name -> estuary.registry.v1.Severity
 	18, // 9: estuary.registry.v1.WatchResponse.events:type_name -> estuary.registry.v1.Event
-	17, // 10: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
-	19, // 11: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
-	21, // 12: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
-	22, // 13: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
-	23, // 14: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
-	24, // 15: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
-	27, // 16: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
-	28, // 17: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
-	29, // 18: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
-	20, // 19: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
-	31, // 20: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
-	35, // 21: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
-	25, // 22: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
-	26, // 23: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
-	37, // 24: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
-	38, // 25: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
-	36, // 26: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
-	30, // 27: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
-	32, // 28: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
-	33, // 29: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
-	33, // 30: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
-	34, // 31: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
-	39, // 32: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
-	3,  // 33: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
-	40, // 34: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
-	41, // 35: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
-	42, // 36: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
-	4,  // 37: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
-	5,  // 38: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
-	6,  // 39: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
-	11, // 40: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
-	15, // 41: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
-	7,  // 42: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
-	13, // 43: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
-	16, // 44: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
-	42, // [42:45] is the sub-list for method output_type
-	39, // [39:42] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	29, // 10: estuary.registry.v1.WatchResponse.plugin_health:type_name -> estuary.registry.v1.InstanceHealth
+	17, // 11: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
+	19, // 12: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
+	21, // 13: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
+	22, // 14: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
+	23, // 15: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
+	24, // 16: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
+	27, // 17: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
+	28, // 18: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
+	29, // 19: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
+	20, // 20: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
+	31, // 21: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
+	35, // 22: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
+	25, // 23: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
+	26, // 24: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
+	37, // 25: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
+	38, // 26: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
+	36, // 27: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
+	30, // 28: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
+	32, // 29: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
+	33, // 30: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
+	33, // 31: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
+	34, // 32: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
+	39, // 33: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
+	3,  // 34: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
+	40, // 35: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
+	41, // 36: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
+	42, // 37: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
+	4,  // 38: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
+	5,  // 39: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
+	6,  // 40: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
+	11, // 41: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
+	15, // 42: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
+	7,  // 43: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
+	13, // 44: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
+	16, // 45: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
+	43, // [43:46] is the sub-list for method output_type
+	40, // [40:43] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }

@@ -64,6 +64,14 @@ type Batch struct {
 	// SnapshotDone is set on the snapshot's last batch. After it the host
 	// drops what the snapshot did not mention.
 	SnapshotDone bool
+	// InstanceSetComplete says every instance the plugin will report is
+	// declared; it applies after Events. At most one batch of a stream
+	// carries it. For a plugin without CapabilityInstanceSet the decoder
+	// sets it on the SnapshotDone batch, so a host has one rule for both.
+	InstanceSetComplete bool
+	// PluginHealth, if not nil, is the plugin's connection to the source
+	// that lists its instances; it applies after Events.
+	PluginHealth *sdk.InstanceHealth
 	// Events in order.
 	Events []Event
 }

@@ -24,15 +24,21 @@ import (
 //     network_ref, locality_ref, service_account_ref) is in range;
 //   - events that need a capability come only from a plugin that declared
 //     it: gateways need GATEWAYS, a second instance at a time needs
-//     MULTI_INSTANCE.
+//     MULTI_INSTANCE, instance_set_complete needs INSTANCE_SET;
+//   - instance_set_complete comes once per stream, on the snapshot_done
+//     response or a later one.
+//
+// For a plugin that did not declare INSTANCE_SET, the snapshot_done batch
+// is decoded with InstanceSetComplete set, as the protocol says.
 //
 // The first violation ends the stream: Decode returns it then and on every
 // later call, because what follows a bad batch cannot be trusted either.
 type Decoder struct {
-	gateways, multiInstance bool
+	gateways, multiInstance, instanceSet bool
 
 	seq          uint64
 	snapshotDone bool
+	setComplete  bool
 	instances    map[sdk.InstanceID]*instance
 	err          *ProtocolError
 }
@@ -52,6 +58,8 @@ func NewDecoder(caps []sdk.Capability) *Decoder {
 			d.gateways = true
 		case sdk.CapabilityMultiInstance:
 			d.multiInstance = true
+		case sdk.CapabilityInstanceSet:
+			d.instanceSet = true
 		}
 	}
 	return d
@@ -84,9 +92,16 @@ func (d *Decoder) decode(resp *registryv1.WatchResponse) (*Batch, *ProtocolError
 		return nil, batchErr("not marked snapshot, but the snapshot is not done")
 	case d.snapshotDone && (resp.GetSnapshot() || resp.GetSnapshotDone()):
 		return nil, batchErr("marked snapshot after the snapshot was done")
+	case resp.GetInstanceSetComplete() && !d.instanceSet:
+		return nil, batchErr("instance_set_complete needs capability %s, which the plugin did not declare", sdk.CapabilityInstanceSet)
+	case resp.GetInstanceSetComplete() && d.setComplete:
+		return nil, batchErr("instance_set_complete sent a second time on the stream")
+	case resp.GetInstanceSetComplete() && !d.snapshotDone && !resp.GetSnapshotDone():
+		return nil, batchErr("instance_set_complete before the snapshot is done")
 	}
 	d.seq = seq
-	b := &Batch{Sequence: seq, Snapshot: resp.GetSnapshot(), SnapshotDone: resp.GetSnapshotDone()}
+	b := &Batch{Sequence: seq, Snapshot: resp.GetSnapshot(), SnapshotDone: resp.GetSnapshotDone(),
+		InstanceSetComplete: resp.GetInstanceSetComplete() || (resp.GetSnapshotDone() && !d.instanceSet)}
 	if evs := resp.GetEvents(); len(evs) > 0 {
 		b.Events = make([]Event, len(evs))
 		for i, pe := range evs {
@@ -95,8 +110,14 @@ func (d *Decoder) decode(resp *registryv1.WatchResponse) (*Batch, *ProtocolError
 			}
 		}
 	}
+	if h := resp.GetPluginHealth(); h != nil {
+		b.PluginHealth = decodeHealth(h)
+	}
 	if b.SnapshotDone {
 		d.snapshotDone = true
+	}
+	if b.InstanceSetComplete {
+		d.setComplete = true
 	}
 	return b, nil
 }
@@ -168,16 +189,20 @@ func (d *Decoder) event(pe *registryv1.Event, ev *Event) string {
 		}
 	case KindInstanceSynced:
 	case KindInstanceHealth:
-		h := pe.GetInstanceHealth()
-		ev.Health = &sdk.InstanceHealth{Healthy: h.GetHealthy(), Message: h.GetMessage()}
-		if ns := h.GetNotices(); len(ns) > 0 {
-			ev.Health.Notices = make([]sdk.Notice, len(ns))
-			for i, n := range ns {
-				ev.Health.Notices[i] = sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()}
-			}
-		}
+		ev.Health = decodeHealth(pe.GetInstanceHealth())
 	}
 	return ""
+}
+
+func decodeHealth(h *registryv1.InstanceHealth) *sdk.InstanceHealth {
+	out := &sdk.InstanceHealth{Healthy: h.GetHealthy(), Message: h.GetMessage()}
+	if ns := h.GetNotices(); len(ns) > 0 {
+		out.Notices = make([]sdk.Notice, len(ns))
+		for i, n := range ns {
+			out.Notices[i] = sdk.Notice{Subject: n.GetSubject(), Message: n.GetMessage()}
+		}
+	}
+	return out
 }
 
 // anyInstance names an instance the stream holds, for an error message.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"maps"
 	"reflect"
+	"slices"
 	"testing"
 
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -53,6 +54,11 @@ func synced(cluster string) *registryv1.Event {
 	return &registryv1.Event{Instance: pid(cluster), Kind: &registryv1.Event_InstanceSynced{InstanceSynced: &registryv1.InstanceSynced{}}}
 }
 
+func complete(r *registryv1.WatchResponse) *registryv1.WatchResponse {
+	r.InstanceSetComplete = true
+	return r
+}
+
 func snap(seq uint64, done bool, evs ...*registryv1.Event) *registryv1.WatchResponse {
 	return &registryv1.WatchResponse{Sequence: seq, Snapshot: true, SnapshotDone: done, Events: evs}
 }
@@ -77,6 +83,7 @@ func tables(ep *registryv1.Endpoint) *registryv1.EndpointsReplaced {
 
 var (
 	allCaps = []sdk.Capability{sdk.CapabilityReconfigure, sdk.CapabilityMultiInstance, sdk.CapabilityGateways}
+	setCaps = append(slices.Clone(allCaps), sdk.CapabilityInstanceSet)
 	// opening is a valid snapshot: instance P/c1 with service a.example.com.
 	opening = func() *registryv1.WatchResponse { return snap(1, true, added("c1"), upsert("c1", "a.example.com")) }
 )
@@ -168,6 +175,17 @@ func TestDecoderRules(t *testing.T) {
 		{"second instance without MULTI_INSTANCE", []sdk.Capability{sdk.CapabilityGateways},
 			[]*registryv1.WatchResponse{opening(), delta(2, synced("c1"), added("c2"))},
 			`protocol error in batch 2, event 1 (instance_added, instance "P/c2"): a second instance needs capability MULTI_INSTANCE, which the plugin did not declare (it already has "P/c1")`},
+
+		// The instance set.
+		{"instance_set_complete without INSTANCE_SET", nil,
+			[]*registryv1.WatchResponse{opening(), complete(delta(2))},
+			`protocol error in batch 2: instance_set_complete needs capability INSTANCE_SET, which the plugin did not declare`},
+		{"instance_set_complete twice", setCaps,
+			[]*registryv1.WatchResponse{complete(opening()), complete(delta(2))},
+			`protocol error in batch 2: instance_set_complete sent a second time on the stream`},
+		{"instance_set_complete before snapshot_done", setCaps,
+			[]*registryv1.WatchResponse{complete(snap(1, false, added("c1")))},
+			`protocol error in batch 1: instance_set_complete before the snapshot is done`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -237,6 +255,45 @@ func TestDecoderAccepts(t *testing.T) {
 					b.Snapshot != resp.GetSnapshot() || b.SnapshotDone != resp.GetSnapshotDone() {
 					t.Errorf("response %d decoded as %+v", i, b)
 				}
+			}
+		})
+	}
+}
+
+// TestDecoderInstanceSet: the batch that completes the instance set is
+// the one carrying instance_set_complete for a plugin with INSTANCE_SET,
+// and the snapshot_done one for a plugin without it.
+func TestDecoderInstanceSet(t *testing.T) {
+	tests := []struct {
+		name      string
+		caps      []sdk.Capability
+		responses []*registryv1.WatchResponse
+		want      uint64 // the sequence of the completing batch; 0: none
+	}{
+		{"without INSTANCE_SET: snapshot_done completes", allCaps,
+			[]*registryv1.WatchResponse{snap(1, false, added("c1")), snap(2, true), delta(3)}, 2},
+		{"INSTANCE_SET, not sent", setCaps, []*registryv1.WatchResponse{opening(), delta(2)}, 0},
+		{"INSTANCE_SET, with snapshot_done", setCaps, []*registryv1.WatchResponse{complete(opening()), delta(2)}, 1},
+		{"INSTANCE_SET, after discovery", setCaps, []*registryv1.WatchResponse{opening(), delta(2, added("c2")), complete(delta(3)), delta(4)}, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDecoder(tt.caps)
+			var got uint64
+			for i, resp := range tt.responses {
+				b, err := d.Decode(resp)
+				if err != nil {
+					t.Fatalf("response %d: %v", i, err)
+				}
+				if b.InstanceSetComplete {
+					if got != 0 {
+						t.Fatalf("batches %d and %d both complete the instance set", got, b.Sequence)
+					}
+					got = b.Sequence
+				}
+			}
+			if got != tt.want {
+				t.Errorf("instance set completed by batch %d, want %d", got, tt.want)
 			}
 		})
 	}
