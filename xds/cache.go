@@ -55,10 +55,15 @@ type Cache struct {
 	// cache, in this process or a previous run of it.
 	nonce string
 
-	mu      sync.Mutex
-	views   map[model.View]*viewState
-	version uint64 // SotW response versions
-	serial  uint64 // numbers the views this cache has made
+	mu    sync.Mutex
+	views map[model.View]*viewState
+	// maxViews caps the views streams hold (AcquireView); maxNames caps
+	// the resource names of a watch. Zero: no cap.
+	maxViews, maxNames int
+	// onRefuse, if set, is told of every request refused by a limit.
+	onRefuse func(limit string)
+	version  uint64 // SotW response versions
+	serial   uint64 // numbers the views this cache has made
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
@@ -85,7 +90,11 @@ func NewCache(gen *Generator) *Cache {
 // viewState is everything one view receives.
 type viewState struct {
 	view model.View
-	res  [numTypes]map[string]*Resource
+	// streams counts the streams that hold the view (AcquireView); the
+	// view is dropped when the last lets go, so views of clients that
+	// left cost nothing, however many different ones were claimed.
+	streams int
+	res     [numTypes]map[string]*Resource
 	// hostNames lists, per type, the resource names built for each
 	// service hostname; EDS holds only names that were asked for.
 	hostNames [numTypes]map[string][]string
@@ -120,8 +129,15 @@ func (c *Cache) viewLocked(v model.View) *viewState {
 	if ok {
 		return vs
 	}
+	vs = c.newViewLocked(v)
+	c.views[v] = vs
+	return vs
+}
+
+// newViewLocked builds a view without keeping it.
+func (c *Cache) newViewLocked(v model.View) *viewState {
 	c.serial++
-	vs = &viewState{view: v, versionPrefix: c.nonce + "." + strconv.FormatUint(c.serial, 36) + "."}
+	vs := &viewState{view: v, versionPrefix: c.nonce + "." + strconv.FormatUint(c.serial, 36) + "."}
 	for t := range numTypes {
 		vs.res[t] = map[string]*Resource{}
 		vs.hostNames[t] = map[string][]string{}
@@ -132,8 +148,48 @@ func (c *Cache) viewLocked(v model.View) *viewState {
 		c.buildHostLocked(vs, svc.Hostname, svc)
 	}
 	c.buildGatewayLocked(vs) // east-west gateway listener: gateway.go
-	c.views[v] = vs
 	return vs
+}
+
+// AcquireView holds view v for a stream until ReleaseView, building it if
+// no stream held it. It refuses a new view beyond the cap.
+func (c *Cache) AcquireView(v model.View) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vs, ok := c.views[v]
+	if !ok && c.maxViews > 0 && len(c.views) >= c.maxViews {
+		if c.onRefuse != nil {
+			c.onRefuse(limitViews)
+		}
+		return errLimit(limitViews, "%d views are live; node claims a new one, %s", len(c.views), v)
+	}
+	if !ok {
+		vs = c.viewLocked(v)
+	}
+	vs.streams++
+	return nil
+}
+
+// ReleaseView lets go of a view AcquireView held; the last release drops
+// it. The stream's watches must be cancelled first (go-control-plane does
+// so before it reports a stream closed).
+func (c *Cache) ReleaseView(v model.View) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	vs, ok := c.views[v]
+	if !ok {
+		return
+	}
+	if vs.streams--; vs.streams <= 0 {
+		delete(c.views, v)
+	}
+}
+
+// LiveViews is the number of views the cache keeps.
+func (c *Cache) LiveViews() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.views)
 }
 
 // buildHostLocked (re)builds the CDS, LDS and RDS resources of one host;
@@ -182,10 +238,15 @@ func (vs *viewState) replaceHost(t typ, host string, built []*Resource) []string
 }
 
 // endpointLocked returns the CLA name for the view, building it on first
-// use.
+// use. Only the EDS clusters the view's CDS holds have one: any other
+// name (a subset no endpoint carries, a made-up host) gets no resource
+// and leaves nothing behind, so a client cannot grow the cache by asking.
 func (c *Cache) endpointLocked(vs *viewState, name string) *Resource {
 	if r, ok := vs.res[tEndpoint][name]; ok {
 		return r
+	}
+	if cl, ok := vs.res[tCluster][name]; !ok || !cl.eds {
+		return nil
 	}
 	r := c.gen.CLA(vs.view, name, nil)
 	if r == nil {
@@ -256,6 +317,9 @@ func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan 
 	if !ok {
 		return func() {}, nil // a type Estuary does not serve: never answered
 	}
+	if err := c.checkNames(len(req.GetResourceNames())); err != nil {
+		return nil, err
+	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
 	return c.open(node.View(), w), nil
@@ -267,9 +331,25 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 	if !ok {
 		return func() {}, nil
 	}
+	// A Delta subscription grows request by request, and the versions a
+	// client says it has are kept too: both are capped.
+	if err := c.checkNames(max(len(sub.SubscribedResources()), len(sub.ReturnedResources()))); err != nil {
+		return nil, err
+	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
 	return c.open(node.View(), w), nil
+}
+
+// checkNames refuses a watch of more names than the cap.
+func (c *Cache) checkNames(n int) error {
+	if c.maxNames <= 0 || n <= c.maxNames {
+		return nil
+	}
+	if c.onRefuse != nil {
+		c.onRefuse(limitResourceNames)
+	}
+	return errLimit(limitResourceNames, "a request names %d resources, more than %d", n, c.maxNames)
 }
 
 func (c *Cache) open(v model.View, w *watch) func() {
@@ -563,6 +643,13 @@ func (c *Cache) Push(change model.Change) PushStats {
 		if rebuilt {
 			// The east-west gateway's listener spans every host: gateway.go.
 			changed[tListener] = append(changed[tListener], c.buildGatewayLocked(vs)...)
+			// A cluster that appeared may have been asked for by EDS
+			// before: its watchers are answered now.
+			for _, n := range changed[tCluster] {
+				if _, held := vs.res[tEndpoint][n]; !held && len(vs.byName[tEndpoint][n]) > 0 {
+					changed[tEndpoint] = append(changed[tEndpoint], n)
+				}
+			}
 		}
 		for t := range numTypes {
 			if len(changed[t]) == 0 {
@@ -637,7 +724,10 @@ func (c *Cache) rebuildEndpointsLocked(vs *viewState, host string) []string {
 	var keep []string
 	for _, name := range vs.hostNames[tEndpoint][host] {
 		prev := vs.res[tEndpoint][name]
-		r := c.gen.CLA(vs.view, name, prev)
+		var r *Resource
+		if cl, ok := vs.res[tCluster][name]; ok && cl.eds { // else its cluster went away
+			r = c.gen.CLA(vs.view, name, prev)
+		}
 		switch {
 		case r == nil:
 			delete(vs.res[tEndpoint], name)
@@ -687,7 +777,12 @@ func (c *Cache) Resources(v model.View, typeURL string) []*Resource {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	vs := c.viewLocked(v)
+	// A view no stream holds is built for the question and not kept: a
+	// debug page must not grow the cache either.
+	vs, ok := c.views[v]
+	if !ok {
+		vs = c.newViewLocked(v)
+	}
 	if t == tEndpoint {
 		for _, n := range c.wildcardNames(vs, t) {
 			c.endpointLocked(vs, n)

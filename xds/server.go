@@ -17,7 +17,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/model"
@@ -51,16 +54,29 @@ type Options struct {
 	// closed every held request is answered with the current state. The
 	// host closes it when /readyz first turns true; it never reopens.
 	Ready <-chan struct{}
+	// TLS, if not nil, serves xDS over TLS from these files, reloaded
+	// when they change. With a client CA every client must present a
+	// certificate with a SPIFFE ID, and its node is checked against it.
+	TLS *TLSFiles
+	// Policy is what identities allow nodes to claim (see Policy); nil
+	// applies only the namespace rule. It needs TLS with a client CA.
+	Policy *Policy
+	// Limits bound per-client state.
+	Limits Limits
 }
 
 // Server is the ADS server.
 type Server struct {
-	opts    Options
-	logger  hclog.Logger
-	cache   *Cache
-	gen     *Generator
-	metrics *metrics
-	ln      net.Listener // set by Listen, served by Run
+	opts        Options
+	logger      hclog.Logger
+	cache       *Cache
+	gen         *Generator
+	metrics     *metrics
+	ln          net.Listener // set by Listen, served by Run
+	tls         *tlsReloader // set by Listen when serving TLS
+	streamLimit *streamLimiter
+	// warn rate-limits warnings about one client.
+	warn *warnLimiter
 
 	pendingMu sync.Mutex
 	pending   model.Change
@@ -88,6 +104,11 @@ type metrics struct {
 	nacks       *prometheus.CounterVec
 	full        *prometheus.CounterVec
 	ready       prometheus.Gauge
+	denied      *prometheus.CounterVec
+	limited     *prometheus.CounterVec
+	handshakes  prometheus.Counter
+	tlsReloads  *prometheus.CounterVec
+	views       prometheus.GaugeFunc
 }
 
 // streamInfo is one connected client, for /debug/adsz.
@@ -101,6 +122,14 @@ type streamInfo struct {
 	Types  map[string]*typeInfo `json:"types"`
 	view   model.View
 	parsed bool
+	// identity is the client's SPIFFE ID, when its certificate has one.
+	identity    model.Identity
+	hasIdentity bool
+	// node is the node the view was taken from; unknown holds the type
+	// URLs asked for that Estuary does not serve. Only the stream's own
+	// goroutine touches either.
+	node    *corev3.Node
+	unknown map[string]struct{}
 }
 
 // typeInfo is the ACK/NACK state of one type on one stream.
@@ -132,6 +161,7 @@ type Upstream interface {
 // on.
 func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
 	gen := NewGenerator(agg, eds)
+	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{
 		opts:    opts,
 		logger:  logger.Named("xds"),
@@ -139,6 +169,7 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 		cache:   NewCache(gen),
 		wake:    make(chan struct{}, 1),
 		streams: map[int64]*streamInfo{},
+		warn:    newWarnLimiter(10 * time.Second),
 		metrics: &metrics{
 			pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "estuary_xds_pushes_total", Help: "xDS responses sent by pushes, by type.",
@@ -164,8 +195,30 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 			ready: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "estuary_xds_ready", Help: "1 once clients are answered; 0 while they are held until the host is ready.",
 			}),
+			denied: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_denied_total",
+				Help: "Streams refused with PermissionDenied because the node claimed what its identity does not allow, by claim (identity, namespace, router, trust_domain, cluster, network, node).",
+			}, []string{"claim"}),
+			limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_limit_refusals_total",
+				Help: "Connections, streams and requests refused by a limit, by limit (connections, streams_per_connection, views, resource_names, unknown_types).",
+			}, []string{"limit"}),
+			handshakes: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "estuary_xds_tls_handshake_failures_total",
+				Help: "TLS handshakes that failed: no client certificate, one from another CA, an old TLS version, or not TLS at all.",
+			}),
+			tlsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "estuary_xds_tls_reloads_total", Help: "Changes to the xDS TLS files, by result (ok, error: the previous files stay in use).",
+			}, []string{"result"}),
 		},
 	}
+	s.metrics.views = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "estuary_xds_views", Help: "Live views: distinct (kind, network, requested networks, cluster) claims of connected nodes.",
+	}, func() float64 { return float64(s.cache.LiveViews()) })
+	s.cache.maxViews, s.cache.maxNames = opts.Limits.MaxViews, opts.Limits.MaxResourceNames
+	s.cache.onRefuse = func(limit string) { s.metrics.limited.WithLabelValues(limit).Inc() }
+	s.streamLimit = &streamLimiter{max: opts.Limits.MaxStreamsPerConnection, live: map[string]int{},
+		refused: func(a net.Addr) { s.refusedByLimit(limitStreams, a) }}
 	s.cache.onFull = s.responseFull
 	if opts.Ready != nil {
 		s.cache.Hold()
@@ -173,7 +226,8 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 		s.metrics.ready.Set(1)
 	}
 	if reg != nil {
-		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready)
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready,
+			s.metrics.denied, s.metrics.limited, s.metrics.handshakes, s.metrics.tlsReloads, s.metrics.views)
 	}
 	upstream.Subscribe(s.notify)
 	return s
@@ -185,13 +239,59 @@ func (s *Server) Cache() *Cache { return s.cache }
 // Listen binds the gRPC address and returns it; Run serves on it. Binding
 // apart from serving lets the host print the address (port 0 included)
 // before anything runs, and fail before anything starts.
+// The TLS files are read here too, so a bad one stops the host before it
+// starts.
 func (s *Server) Listen() (net.Addr, error) {
+	if s.opts.TLS != nil {
+		r, err := newTLSReloader(*s.opts.TLS, s.logger)
+		if err != nil {
+			return nil, err
+		}
+		r.reloaded = func(ok bool) {
+			s.metrics.tlsReloads.WithLabelValues(map[bool]string{true: "ok", false: "error"}[ok]).Inc()
+		}
+		s.tls = r
+	} else if s.opts.Policy != nil {
+		return nil, errors.New("xds: an authorization policy needs TLS with a client CA")
+	}
 	ln, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("xds: listen %s: %w", s.opts.Listen, err)
 	}
-	s.ln = ln
+	s.ln = &limitListener{Listener: ln, max: int64(s.opts.Limits.MaxConnections),
+		refused: func(a net.Addr) { s.refusedByLimit(limitConnections, a) }}
 	return ln.Addr(), nil
+}
+
+// identities reports whether every client must prove a SPIFFE identity.
+func (s *Server) identities() bool { return s.opts.TLS != nil && s.opts.TLS.ClientCAFile != "" }
+
+// refusedByLimit counts a refusal and warns, at most every ten seconds
+// per client host.
+func (s *Server) refusedByLimit(limit string, a net.Addr) {
+	s.metrics.limited.WithLabelValues(limit).Inc()
+	if ok, held := s.warn.allow("limit " + limit + " " + clientKey(a)); ok {
+		s.logger.Warn("xDS client refused by a limit", "limit", "max_"+limit, "client", clientKey(a), "unlogged_since_last", held)
+	}
+}
+
+// handshakeFailed counts a failed TLS handshake and warns, at most every
+// ten seconds per client host.
+func (s *Server) handshakeFailed(a net.Addr, err error) {
+	s.metrics.handshakes.Inc()
+	if ok, held := s.warn.allow("tls " + clientKey(a)); ok {
+		s.logger.Warn("xDS TLS handshake failed", "client", clientKey(a), "error", err, "unlogged_since_last", held)
+	}
+}
+
+// deny counts a refused claim, warns at most every ten seconds per
+// client, and returns the PermissionDenied error that ends the stream.
+func (s *Server) deny(d *denial, who string) error {
+	s.metrics.denied.WithLabelValues(d.claim).Inc()
+	if ok, held := s.warn.allow("deny " + who); ok {
+		s.logger.Warn("xDS client refused", "claim", d.claim, "reason", d.msg, "unlogged_since_last", held)
+	}
+	return status.Error(codes.PermissionDenied, "xds: "+d.msg)
 }
 
 // Run serves ADS on the address bound by Listen and pushes debounced
@@ -213,11 +313,20 @@ func (s *Server) Run(ctx context.Context) error {
 		// close at once.
 		kp.MaxConnectionAgeGrace = max(s.opts.DrainGrace, time.Nanosecond)
 	}
-	srv := grpc.NewServer(
-		grpc.MaxConcurrentStreams(1<<20),
+	opts := []grpc.ServerOption{
+		// The stream limiter refuses, with a reason, streams beyond the
+		// limit; HTTP/2's own cap is a backstop above it, so the limiter
+		// sees (and counts) what a client attempts past the limit.
+		grpc.MaxConcurrentStreams(uint32(2 * s.opts.Limits.MaxStreamsPerConnection)),
+		grpc.StreamInterceptor(s.streamLimit.interceptor),
 		grpc.KeepaliveParams(kp),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(s.tls.credentials(s.handshakeFailed)))
+		go s.tls.run(serving)
+	}
+	srv := grpc.NewServer(opts...)
 	// Ordered ADS: responses leave in the order the cache issues them
 	// (clusters, endpoints, listeners, routes), so a client never gets a
 	// listener before the cluster it names.
@@ -393,18 +502,36 @@ func (s *Server) PushNow(change model.Change) PushStats { return s.cache.Push(ch
 
 var typeNames = [numTypes]string{"cds", "eds", "lds", "rds"}
 
+// typeName names a type URL in metrics and /debug/adsz; every type
+// Estuary does not serve is "unknown", so clients cannot mint labels.
 func typeName(url string) string {
 	if t, ok := typeOf(url); ok {
 		return typeNames[t]
 	}
-	return url
+	return "unknown"
 }
 
 func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
-		return func(_ context.Context, id int64, _ string) error {
+		return func(ctx context.Context, id int64, _ string) error {
+			si := &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			if s.identities() {
+				ident, ok, err := peerIdentity(ctx)
+				if !ok {
+					if err == nil {
+						err = errors.New("the connection carries no verified client certificate")
+					}
+					who := "unknown"
+					if p, found := peer.FromContext(ctx); found {
+						who = clientKey(p.Addr)
+					}
+					s.metrics.clients.Inc() // closed still runs
+					return s.deny(&denial{claimIdentity, err.Error()}, who)
+				}
+				si.identity, si.hasIdentity = ident, true
+			}
 			s.nodesMu.Lock()
-			s.streams[streamKey(delta, id)] = &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			s.streams[streamKey(delta, id)] = si
 			s.nodesMu.Unlock()
 			s.metrics.clients.Inc()
 			return nil
@@ -413,8 +540,12 @@ func (s *Server) callbacks() serverv3.Callbacks {
 	closed := func(delta bool) func(int64, *corev3.Node) {
 		return func(id int64, _ *corev3.Node) {
 			s.nodesMu.Lock()
+			si := s.streams[streamKey(delta, id)]
 			delete(s.streams, streamKey(delta, id))
 			s.nodesMu.Unlock()
+			if si != nil && si.parsed {
+				s.cache.ReleaseView(si.view)
+			}
 			s.metrics.clients.Dec()
 		}
 	}
@@ -424,12 +555,10 @@ func (s *Server) callbacks() serverv3.Callbacks {
 		StreamClosedFunc:      closed(false),
 		DeltaStreamClosedFunc: closed(true),
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			s.request(streamKey(false, id), req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
-			return nil
+			return s.request(streamKey(false, id), req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			s.request(streamKey(true, id), req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
-			return nil
+			return s.request(streamKey(true, id), req.GetNode(), req.GetTypeUrl(), "", req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 			s.sent(streamKey(false, id), req.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
@@ -451,19 +580,41 @@ func streamKey(delta bool, id int64) int64 {
 	return id
 }
 
-// request records a client request: the node's identity on its first
-// request, and whether it ACKs or NACKs the last response.
-func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, nackMsg string, nack bool) {
+// request admits a client request, or refuses it with the error that ends
+// its stream. The first request fixes the stream's node: it is checked
+// against the client's identity, and its view is held for the stream; a
+// later request may repeat the node but not change it. A type Estuary
+// does not serve is kept unanswered, up to MaxUnknownTypes per stream.
+// Then request records whether the client ACKs or NACKs the last
+// response.
+func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, nackMsg string, nack bool) error {
+	s.nodesMu.Lock()
+	si := s.streams[id]
+	s.nodesMu.Unlock()
+	if si == nil {
+		return nil
+	}
+	// Only this stream's goroutine writes si's node, view and unknown
+	// fields, so they are read here without the lock.
+	if !si.parsed || (node != nil && node != si.node) {
+		if err := s.admit(si, node); err != nil {
+			return err
+		}
+	}
+	if _, ok := typeOf(typeURL); !ok {
+		if _, seen := si.unknown[typeURL]; !seen {
+			if len(si.unknown) >= s.opts.Limits.MaxUnknownTypes {
+				s.refusedByLimit(limitUnknownTypes, nil)
+				return errLimit(limitUnknownTypes, "the stream asked for %d type URLs Estuary does not serve", len(si.unknown)+1)
+			}
+			if si.unknown == nil {
+				si.unknown = map[string]struct{}{}
+			}
+			si.unknown[typeURL] = struct{}{}
+		}
+	}
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
-	si := s.streams[id]
-	if si == nil {
-		return
-	}
-	if !si.parsed && node != nil {
-		n := ParseNode(node)
-		si.Node, si.Kind, si.view, si.View, si.parsed = n.ID, n.Kind.String(), n.View(), n.View().String(), true
-	}
 	ti := si.Types[typeName(typeURL)]
 	if ti == nil {
 		ti = &typeInfo{}
@@ -474,13 +625,45 @@ func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, n
 		ti.State, ti.NACK, ti.NACKedNonce = "NACK", nackMsg, nonce
 		ti.NACKs++
 		s.metrics.nacks.WithLabelValues(typeName(typeURL)).Inc()
-		s.logger.Warn("client rejected a response", "node", si.Node, "type", typeName(typeURL), "nonce", nonce, "error", nackMsg)
+		if ok, held := s.warn.allow("nack " + si.Node); ok {
+			s.logger.Warn("client rejected a response", "node", si.Node, "type", typeName(typeURL), "nonce", nonce, "error", nackMsg, "unlogged_since_last", held)
+		}
 	case nonce != "":
 		if version == "" {
 			version = ti.SentVersion
 		}
 		ti.AckedVersion, ti.State = version, "ACK"
 	}
+	return nil
+}
+
+// admit takes the stream's node from its first request: it authorizes
+// it and holds its view. A node sent again must be the same node.
+func (s *Server) admit(si *streamInfo, node *corev3.Node) error {
+	n := ParseNode(node)
+	v := n.View()
+	if si.parsed {
+		if n.ID != si.Node || v != si.view {
+			return s.deny(&denial{claimNode, fmt.Sprintf("node %q (view %s) changed to %q (view %s) within a stream; open a new stream", si.Node, si.view, n.ID, v)}, si.Node)
+		}
+		si.node = node
+		return nil
+	}
+	if si.hasIdentity {
+		if d := s.opts.Policy.check(si.identity, node, n); d != nil {
+			return s.deny(d, si.identity.String())
+		}
+	}
+	if err := s.cache.AcquireView(v); err != nil {
+		if ok, held := s.warn.allow("views"); ok {
+			s.logger.Warn("xDS client refused: too many views", "node", n.ID, "view", v.String(), "limit", "max_views", "unlogged_since_last", held)
+		}
+		return err
+	}
+	s.nodesMu.Lock()
+	si.Node, si.Kind, si.view, si.View, si.parsed, si.node = n.ID, n.Kind.String(), v, v.String(), true, node
+	s.nodesMu.Unlock()
+	return nil
 }
 
 func (s *Server) sent(id int64, typeURL, version, nonce string, n int) {

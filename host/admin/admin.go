@@ -38,6 +38,9 @@ type Options struct {
 	Failed func() []string
 	// DefaultSyncTimeout applies to instances that declare none (30s).
 	DefaultSyncTimeout time.Duration
+	// Warnings, if set, are shown by /readyz whether ready or not: what
+	// the operator chose that is unsafe (plain-text xDS beyond loopback).
+	Warnings func() []string
 }
 
 // Server is the admin HTTP server.
@@ -154,11 +157,21 @@ func (s *Server) failed() []string {
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	ready, waiting := s.Ready(time.Now())
+	var warnings []string
+	if s.opts.Warnings != nil {
+		warnings = s.opts.Warnings()
+	}
 	if ready {
 		fmt.Fprintln(w, "ready")
+		for _, x := range warnings {
+			fmt.Fprintf(w, "warning: %s\n", x)
+		}
 		return
 	}
 	w.WriteHeader(http.StatusServiceUnavailable)
+	for _, x := range warnings {
+		fmt.Fprintf(w, "warning: %s\n", x)
+	}
 	for _, f := range s.failed() {
 		fmt.Fprintf(w, "not ready: %s\n", f)
 	}

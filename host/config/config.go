@@ -49,6 +49,16 @@ const (
 	// MinMaxConnectionAge is the shortest max_connection_age accepted:
 	// shorter would have clients reconnecting more than they are served.
 	MinMaxConnectionAge = time.Second
+
+	// Per-client state limits of the xDS server (see xds.Limits). A mesh
+	// has few views (kinds × networks × clusters); a proxy uses one
+	// stream; an Envoy with every service of a large mesh asks for tens
+	// of thousands of names at most.
+	DefaultMaxViews                = 1000
+	DefaultMaxConnections          = 10000
+	DefaultMaxStreamsPerConnection = 100
+	DefaultMaxResourceNames        = 50000
+	DefaultMaxUnknownTypes         = 4
 )
 
 // File is a decoded plugins.hcl.
@@ -90,6 +100,44 @@ type XDS struct {
 	// DrainGrace is how long streams are still served after a GOAWAY,
 	// from max_connection_age or on SIGTERM, before they are closed.
 	DrainGrace time.Duration `json:"drain_grace"`
+	// Insecure allows a listen address beyond loopback without tls.
+	Insecure bool `json:"insecure"`
+	// TLS, if set, serves xDS over TLS; nil serves plain text.
+	TLS *XDSTLS `json:"tls,omitempty"`
+	// Authorize is what client identities allow their nodes to claim;
+	// nil applies only the namespace rule (with client certificates).
+	Authorize *XDSAuthorize `json:"authorize,omitempty"`
+	// Limits on per-client state, each with its default.
+	MaxViews                int `json:"max_views"`
+	MaxConnections          int `json:"max_connections"`
+	MaxStreamsPerConnection int `json:"max_streams_per_connection"`
+	MaxResourceNames        int `json:"max_resource_names"`
+	MaxUnknownTypes         int `json:"max_unknown_types"`
+}
+
+// XDSTLS is the xds tls block: the server's certificate and key and,
+// optionally, the CA client certificates must chain to (then required).
+type XDSTLS struct {
+	CertFile     string `json:"cert_file"`
+	KeyFile      string `json:"key_file"`
+	ClientCAFile string `json:"client_ca_file,omitempty"`
+	// Where each attribute is written, for CheckXDSTLSFiles.
+	CertRange, KeyRange, ClientCARange hcl.Range `json:"-"`
+}
+
+// XDSAuthorize is the xds authorize block.
+type XDSAuthorize struct {
+	// Routers are the SPIFFE IDs allowed to connect as router~ nodes.
+	Routers []string `json:"routers"`
+	// TrustDomains, if not nil, are the only trust domains allowed, each
+	// with the CLUSTER_IDs and NETWORKs its nodes may claim.
+	TrustDomains map[string]TrustDomainClaims `json:"trust_domains,omitempty"`
+}
+
+// TrustDomainClaims is one trust_domain block; an empty list allows any.
+type TrustDomainClaims struct {
+	Clusters []string `json:"clusters,omitempty"`
+	Networks []string `json:"networks,omitempty"`
 }
 
 // Admin configures the admin HTTP server.
@@ -153,6 +201,37 @@ type xdsBlock struct {
 	DebounceMax   *string `hcl:"debounce_max,optional"`
 	MaxConnAge    *string `hcl:"max_connection_age,optional"`
 	DrainGrace    *string `hcl:"drain_grace,optional"`
+	Insecure      *bool   `hcl:"insecure,optional"`
+	MaxViews      *int    `hcl:"max_views,optional"`
+	MaxConns      *int    `hcl:"max_connections,optional"`
+	MaxStreams    *int    `hcl:"max_streams_per_connection,optional"`
+	MaxNames      *int    `hcl:"max_resource_names,optional"`
+	MaxUnknown    *int    `hcl:"max_unknown_types,optional"`
+
+	TLS       *xdsTLSBlock       `hcl:"tls,block"`
+	Authorize *xdsAuthorizeBlock `hcl:"authorize,block"`
+}
+
+type xdsTLSBlock struct {
+	CertFile     string    `hcl:"cert_file"`
+	KeyFile      string    `hcl:"key_file"`
+	ClientCAFile *string   `hcl:"client_ca_file,optional"`
+	Body         hcl.Body  `hcl:",body"`
+	DefRange     hcl.Range `hcl:",def_range"`
+}
+
+type xdsAuthorizeBlock struct {
+	Routers      []string           `hcl:"routers,optional"`
+	TrustDomains []trustDomainBlock `hcl:"trust_domain,block"`
+	Body         hcl.Body           `hcl:",body"`
+	DefRange     hcl.Range          `hcl:",def_range"`
+}
+
+type trustDomainBlock struct {
+	Name     string    `hcl:"name,label"`
+	Clusters []string  `hcl:"clusters,optional"`
+	Networks []string  `hcl:"networks,optional"`
+	DefRange hcl.Range `hcl:",def_range"`
 }
 
 type adminBlock struct {
@@ -189,7 +268,9 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		Source:   src,
 		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID},
 		XDS: XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax,
-			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace},
+			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace,
+			MaxViews: DefaultMaxViews, MaxConnections: DefaultMaxConnections, MaxStreamsPerConnection: DefaultMaxStreamsPerConnection,
+			MaxResourceNames: DefaultMaxResourceNames, MaxUnknownTypes: DefaultMaxUnknownTypes},
 		Admin: Admin{Listen: DefaultAdminListen},
 	}
 	content, d := f.Body.Content(rootSchema)
@@ -335,7 +416,7 @@ func decodeXDS(b *hcl.Block, x *XDS) hcl.Diagnostics {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "debounce_max is shorter than debounce_after",
 			Subject: b.DefRange.Ptr()})
 	}
-	return diags
+	return append(diags, decodeXDSSecurity(b, &xb, x)...)
 }
 
 func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {

@@ -270,7 +270,8 @@ func TestParseDefaults(t *testing.T) {
 	want := config.File{
 		Mesh: config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: ""},
 		XDS: config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second,
-			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second},
+			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second,
+			MaxViews: 1000, MaxConnections: 10000, MaxStreamsPerConnection: 100, MaxResourceNames: 50000, MaxUnknownTypes: 4},
 		Admin: config.Admin{Listen: "127.0.0.1:15014"},
 	}
 	if f.Mesh != want.Mesh {
@@ -310,6 +311,7 @@ mesh {
 }
 xds {
   listen         = "0.0.0.0:18000"
+  insecure       = true
   debounce_after = "250ms"
   debounce_max   = "2s"
   max_connection_age = "0"
@@ -319,7 +321,6 @@ admin { listen = "[::1]:18001" }
 networks {
   anything = "goes"
 }
-
 plugin "static" {}
 
 plugin "east" {
@@ -343,7 +344,8 @@ plugin "hello" {
 	if want := (config.Mesh{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); f.Mesh != want {
 		t.Errorf("mesh = %+v, want %+v", f.Mesh, want)
 	}
-	if want := (config.XDS{Listen: "0.0.0.0:18000", DebounceAfter: 250 * time.Millisecond, DebounceMax: 2 * time.Second, DrainGrace: 20 * time.Second}); f.XDS != want {
+	if want := (config.XDS{Listen: "0.0.0.0:18000", DebounceAfter: 250 * time.Millisecond, DebounceMax: 2 * time.Second, DrainGrace: 20 * time.Second,
+		Insecure: true, MaxViews: 1000, MaxConnections: 10000, MaxStreamsPerConnection: 100, MaxResourceNames: 50000, MaxUnknownTypes: 4}); f.XDS != want {
 		t.Errorf("xds = %+v, want %+v", f.XDS, want)
 	}
 	if f.Admin.Listen != "[::1]:18001" {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"reflect"
 	"slices"
 	"sync"
 	"syscall"
@@ -133,16 +134,20 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
-	h.xds = xds.New(xds.Options{Listen: file.XDS.Listen, DebounceAfter: file.XDS.DebounceAfter, DebounceMax: file.XDS.DebounceMax,
-		MaxConnectionAge: file.XDS.MaxConnectionAge, DrainGrace: file.XDS.DrainGrace,
-		Ready: h.ready}, // xDS answers no one before /readyz is first true
+	xo := xdsOptions(file.XDS)
+	xo.Ready = h.ready // xDS answers no one before /readyz is first true
+	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
 		logger, reg)
 	h.admin = admin.New(logger, admin.Options{
 		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
 		Config: h.effectiveConfig, Failed: h.failures.list,
+		Warnings: func() []string { return xdsWarnings(file.XDS) },
 	})
+	for _, w := range xdsWarnings(file.XDS) {
+		logger.Warn("INSECURE: " + w)
+	}
 	h.admin.Handle("/debug/networkz", eds.Handler(h.xds))
 	for path, handler := range h.xds.DebugHandlers() {
 		h.admin.Handle(path, handler)
@@ -281,6 +286,9 @@ func (h *server) reload() {
 	}
 	if next.XDS.MaxConnectionAge != file.XDS.MaxConnectionAge || next.XDS.DrainGrace != file.XDS.DrainGrace {
 		h.logger.Warn("xds max_connection_age and drain_grace change only on restart")
+	}
+	if !reflect.DeepEqual(xdsOptions(next.XDS), xdsOptions(file.XDS)) {
+		h.logger.Warn("xds tls, authorize and limits change only on restart (the TLS files' contents reload by themselves)")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))

@@ -25,6 +25,7 @@ func load(path string) (*config.File, hcl.Diagnostics) {
 func validated(f *config.File, diags hcl.Diagnostics) (*config.File, hcl.Diagnostics) {
 	if f != nil && !diags.HasErrors() {
 		diags = append(diags, catalog.Validate(f)...)
+		diags = append(diags, config.CheckXDSTLSFiles(&f.XDS)...)
 	}
 	if f != nil {
 		_, d := loadNetworks(f)
