@@ -1,10 +1,17 @@
 package xds
 
 import (
+	"context"
 	"fmt"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"runtime"
 	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -125,4 +132,53 @@ func heapInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// BenchmarkPushAfterViewChurn: the cost of a full push with one client
+// connected, after 1,000 clients of 1,000 distinct views came and went.
+// Reported: ns/op of the push after the churn, and before-ns, the same
+// push timed before it; views live only while streams use them, so the
+// two should match (before reference counting, "after" was ~200× worse).
+func BenchmarkPushAfterViewChurn(b *testing.B) {
+	f := newFixture(b)
+	f.populate(200, 10)
+	s := New(Options{Listen: "127.0.0.1:0", Limits: Limits{MaxViews: 2000}}, f.agg, nil, f.agg, hclog.NewNullLogger(), nil)
+	addr := serve(b, s)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.Send(viewNode(0)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		b.Fatal(err)
+	}
+	full := model.Change{Full: true}
+	const rounds = 50
+	start := time.Now()
+	for range rounds {
+		s.PushNow(full)
+	}
+	before := time.Since(start) / rounds
+	churn(b, addr, 1000, 1, nil)
+	deadline := time.Now().Add(60 * time.Second)
+	for s.Cache().LiveViews() != 1 {
+		if time.Now().After(deadline) {
+			b.Fatalf("%d views still live a minute after the clients left", s.Cache().LiveViews())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		s.PushNow(full)
+	}
+	b.ReportMetric(float64(before.Nanoseconds()), "before-ns")
 }
