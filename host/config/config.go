@@ -2,7 +2,11 @@
 //
 //	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = "" }
 //	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s"
-//	          max_connection_age = "30m"  drain_grace = "5s" }
+//	          max_connection_age = "30m"  drain_grace = "5s"
+//	          insecure = false  max_views = 1000  max_connections = 10000
+//	          max_streams_per_connection = 100  max_resource_names = 50000  max_unknown_types = 4
+//	          tls { cert_file = "..."  key_file = "..."  client_ca_file = "..." }
+//	          authorize { routers = ["spiffe://..."]  trust_domain "TD" { clusters = []  networks = [] } } }
 //	admin   { listen = "127.0.0.1:15014" }
 //	plugin "LABEL" {
 //	  bundled = "consul"          # or: path = "/opt/p"  sha256 = "..."
