@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -10,11 +12,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	grpcxds "google.golang.org/grpc/xds"
 
+	"github.com/estuary-mesh/estuary/host/admin"
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/host/supervisor"
 	"github.com/estuary-mesh/estuary/testbed/certs"
 )
 
@@ -166,6 +174,18 @@ func TestPlainTextXDSBeyondLoopback(t *testing.T) {
 	}
 	if w := xdsWarnings(f.XDS); len(w) != 1 || !strings.Contains(w[0], "plain text on 0.0.0.0:15010") {
 		t.Errorf("warnings %q", w)
+	}
+	// /readyz shows the warning, ready or not.
+	store := replica.NewStore(nil)
+	adm := admin.New(hclog.NewNullLogger(), admin.Options{
+		Gatherer: prometheus.NewRegistry(), Aggregate: aggregate.New(store, nil),
+		Supervisor: supervisor.NewSupervisor(supervisor.Options{}, hclog.NewNullLogger(), store, nil),
+		Warnings:   func() []string { return xdsWarnings(f.XDS) },
+	})
+	rec := httptest.NewRecorder()
+	adm.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, "ready\nwarning: xDS serves plain text on 0.0.0.0:15010") {
+		t.Errorf("/readyz = %d %q, want ready with the warning", rec.Code, body)
 	}
 	f.XDS.Listen = "127.0.0.1:15010"
 	if w := xdsWarnings(f.XDS); len(w) != 0 {
