@@ -17,6 +17,7 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -116,8 +117,11 @@ type Plugin struct {
 	// Config is the body of the config block (an empty body when absent).
 	Config hcl.Body `json:"-"`
 	// ConfigJSON is Config decoded against the plugin's schema, set by
-	// DecodeConfig once the supervisor has the plugin's schema.
-	ConfigJSON []byte `json:"config,omitempty"`
+	// DecodeConfig once the supervisor has the plugin's schema. It holds
+	// sensitive values: show ConfigView instead.
+	ConfigJSON []byte `json:"-"`
+	// Schema is the plugin's schema ConfigJSON was decoded against.
+	Schema *sdk.Schema `json:"-"`
 	// DeclRange is where the block starts.
 	DeclRange hcl.Range `json:"-"`
 	// PathRange and SHA256Range point at those attributes.
@@ -436,9 +440,28 @@ func VerifyBinary(p *Plugin) hcl.Diagnostics {
 func (p *Plugin) DecodeConfig(schema *sdk.Schema) hcl.Diagnostics {
 	js, diags := configschema.Decode(p.Config, schema)
 	if !diags.HasErrors() {
-		p.ConfigJSON = js
+		p.ConfigJSON, p.Schema = js, schema
 	}
 	return diags
+}
+
+// ConfigView is the decoded config block as operators may see it: the
+// attributes the schema marks sensitive read "(sensitive)" and URLs lose
+// their credentials. It is nil until the block is decoded.
+func (p *Plugin) ConfigView() json.RawMessage {
+	if p.ConfigJSON == nil || p.Schema == nil {
+		return nil
+	}
+	return p.Schema.Redact(p.ConfigJSON)
+}
+
+// SensitiveValues lists the values of the block's sensitive attributes,
+// once it is decoded, for redacting them from what the host prints.
+func (p *Plugin) SensitiveValues() []string {
+	if p.ConfigJSON == nil || p.Schema == nil {
+		return nil
+	}
+	return p.Schema.SensitiveValues(p.ConfigJSON)
 }
 
 // PluginDiagnostics turns diagnostics a plugin returned from Configure into

@@ -352,7 +352,7 @@ plugin "hello" {
 	if f.Networks == nil {
 		t.Errorf("networks body not kept")
 	}
-	if want := (sdk.MeshSettings{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); f.Mesh.Settings() != want {
+	if want := (sdk.MeshSettings{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); !f.Mesh.Settings().Equal(want) {
 		t.Errorf("settings = %+v, want %+v", f.Mesh.Settings(), want)
 	}
 

@@ -76,10 +76,11 @@ type Status struct {
 // file, so it is only read: json holds the block decoded against the
 // plugin's schema, once Configure accepted it.
 type generation struct {
-	n    uint64
-	cfg  *config.Plugin
-	mesh config.Mesh
-	json []byte
+	n      uint64
+	cfg    *config.Plugin
+	mesh   config.Mesh
+	json   []byte
+	schema *sdk.Schema // json was decoded against it
 }
 
 // sameProcess reports whether a process started for g can take o by
@@ -177,12 +178,12 @@ func (r *runner) nextLocked() (generation, bool) {
 	return generation{}, false
 }
 
-// commit records that the plugin accepted g, decoded as js.
-func (r *runner) commit(g generation, js []byte) {
+// commit records that the plugin accepted g, decoded as js against schema.
+func (r *runner) commit(g generation, js []byte, schema *sdk.Schema) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if g.n >= r.committed.n {
-		g.json = js
+		g.json, g.schema = js, schema
 		r.committed, r.committedRejected = g, false
 	}
 }
@@ -197,7 +198,7 @@ func (r *runner) running() (cfg *config.Plugin, latest bool) {
 		return nil, false
 	}
 	c := *r.committed.cfg
-	c.ConfigJSON = r.committed.json
+	c.ConfigJSON, c.Schema = r.committed.json, r.committed.schema
 	return &c, r.committed.n == r.desired.n
 }
 
@@ -211,7 +212,7 @@ func (r *runner) reject(n uint64, err error) {
 	if r.committed.n == n {
 		r.committedRejected = true
 	}
-	r.status.LastError = err.Error()
+	r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 }
 
 func (r *runner) setState(s State, err error) {
@@ -219,7 +220,7 @@ func (r *runner) setState(s State, err error) {
 	defer r.mu.Unlock()
 	r.status.State = s
 	if err != nil {
-		r.status.LastError = err.Error()
+		r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 	}
 }
 
@@ -280,7 +281,7 @@ func (r *runner) loop(ctx context.Context) {
 		if len(r.status.Backoffs) > 10 {
 			r.status.Backoffs = r.status.Backoffs[1:]
 		}
-		r.status.LastError = err.Error()
+		r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 		r.status.State = StateBackoff
 		if failures >= r.sup.opts.CrashLoopAfter {
 			r.status.State = StateCrashLooping
@@ -367,7 +368,7 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 		var cerr configErr
 		switch {
 		case err == nil:
-			r.commit(cur, js)
+			r.commit(cur, js, schema)
 			accepted = true
 		case accepted && errors.As(err, &cerr):
 			// A newer block was refused; the process keeps the one it
@@ -449,6 +450,7 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 			}
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 		}
+		r.redactHealth(b)
 		sess.ApplyBatch(b)
 		if b.SnapshotDone || b.InstanceSetComplete {
 			r.mu.Lock()
@@ -456,6 +458,28 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 			r.status.InstanceSetComplete = r.status.InstanceSetComplete || b.InstanceSetComplete
 			r.mu.Unlock()
 		}
+	}
+}
+
+// redactHealth removes sensitive values and URL credentials from the
+// health messages in b before the replica keeps them for /readyz and
+// /debug/syncz. The SDK already does this in the plugin; a plugin built
+// otherwise, or a value it learnt elsewhere, is caught here.
+func (r *runner) redactHealth(b *pluginclient.Batch) {
+	sec := r.sup.opts.Secrets
+	clean := func(h *sdk.InstanceHealth) {
+		if h == nil {
+			return
+		}
+		h.Message = sec.String(h.Message)
+		for i := range h.Notices {
+			h.Notices[i].Subject = sec.String(h.Notices[i].Subject)
+			h.Notices[i].Message = sec.String(h.Notices[i].Message)
+		}
+	}
+	clean(b.PluginHealth)
+	for i := range b.Events {
+		clean(b.Events[i].Health)
 	}
 }
 
@@ -468,11 +492,15 @@ func (r *runner) configureChecked(ctx context.Context, pc *pluginclient.Client, 
 	if diags.HasErrors() {
 		return nil, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
 	}
+	// From now on the block's sensitive values are redacted from the
+	// host's log, the plugin's forwarded log and its health messages.
+	r.sup.opts.Secrets.Add(schema.SensitiveValues(js)...)
 	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
 	defer cancel()
 	resp, err := pc.Configure(cctx, &pluginclient.ConfigureRequest{
 		ConfigJSON: js,
-		Mesh:       sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network},
+		Mesh: sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network,
+			HostAddresses: r.sup.hostAddresses()},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
@@ -544,7 +572,7 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 		r.mu.Unlock()
 		return nil
 	}
-	r.commit(g, js)
+	r.commit(g, js, schema)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // Options tune the supervisor. Zero values take the defaults.
@@ -35,6 +36,11 @@ type Options struct {
 	// StopTimeout bounds how long Run waits for plugins to stop once its
 	// context ends.
 	StopTimeout time.Duration
+	// Secrets learns the sensitive values of every block a plugin is
+	// configured with; the supervisor redacts them (and URL credentials)
+	// from health messages and errors it keeps, and the host's log output
+	// should go through Secrets.Writer. Nil: a set of its own.
+	Secrets *redact.Secrets
 }
 
 func (o *Options) defaults() {
@@ -59,6 +65,9 @@ func (o *Options) defaults() {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = 10 * time.Second
 	}
+	if o.Secrets == nil {
+		o.Secrets = &redact.Secrets{}
+	}
 }
 
 // Supervisor runs the plugins a config file names.
@@ -76,6 +85,25 @@ type Supervisor struct {
 	mu      sync.Mutex
 	runners map[string]*runner
 	order   []string
+	// hostAddrs are the host's own listen addresses, sent to plugins in
+	// MeshSettings.HostAddresses.
+	hostAddrs []string
+}
+
+// SetHostAddresses records the addresses the host listens on (xDS and
+// admin, as bound), which plugins learn in MeshSettings.HostAddresses, so
+// that a plugin told by a third party where to connect (a kubeconfig in
+// a Secret) refuses the host itself. Call it before Apply.
+func (s *Supervisor) SetHostAddresses(addrs []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hostAddrs = slices.Clone(addrs)
+}
+
+func (s *Supervisor) hostAddresses() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hostAddrs
 }
 
 type applyRequest struct {

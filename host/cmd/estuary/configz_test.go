@@ -5,14 +5,16 @@ import (
 	"testing"
 
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // TestConfigzShowsTheRunningBlock: /debug/configz shows the block a plugin
 // runs. While the plugin keeps an earlier block (it refused the file's),
 // the file's block is shown apart, not as running.
 func TestConfigzShowsTheRunningBlock(t *testing.T) {
-	file := &config.Plugin{Label: "a", Bundled: "static", ConfigJSON: []byte(`{"port":70000}`)}
-	ran := &config.Plugin{Label: "a", Bundled: "static", ConfigJSON: []byte(`{"port":81}`)}
+	schema := &sdk.Schema{Attributes: []sdk.Attribute{{Name: "port", Type: "number"}}}
+	file := &config.Plugin{Label: "a", Bundled: "static", ConfigJSON: []byte(`{"port":70000}`), Schema: schema}
+	ran := &config.Plugin{Label: "a", Bundled: "static", ConfigJSON: []byte(`{"port":81}`), Schema: schema}
 	tests := []struct {
 		name    string
 		run     *config.Plugin

@@ -26,6 +26,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 	"github.com/estuary-mesh/estuary/xds"
 )
 
@@ -37,7 +38,10 @@ func runHost(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: os.Stderr})
+	// Every log line, the plugins' forwarded ones included, loses the
+	// plugins' sensitive values and URL credentials on its way out.
+	secrets := &redact.Secrets{}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: secrets.Writer(os.Stderr)})
 
 	file, diags := load(*path)
 	if diags.HasErrors() {
@@ -55,7 +59,7 @@ func runHost(args []string) int {
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
 
-	h, err := newServer(*path, file, self, logger)
+	h, err := newServer(*path, file, self, logger, secrets)
 	if err != nil {
 		logger.Error("cannot start", "error", err)
 		return 1
@@ -113,7 +117,7 @@ type component struct {
 
 // newServer builds the host for file and binds its listeners; nothing runs
 // until run.
-func newServer(path string, file *config.File, self string, logger hclog.Logger) (*server, error) {
+func newServer(path string, file *config.File, self string, logger hclog.Logger, secrets *redact.Secrets) (*server, error) {
 	h := &server{logger: logger, path: path, current: file}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -127,7 +131,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 		default:
 		}
 	})
-	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self}, logger, store, reg)
+	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self, Secrets: secrets}, logger, store, reg)
 	agg := aggregate.New(store, reg)                     // follows the store
 	h.nets = network.New(agg, logger, network.Options{}) // follows the aggregate
 	netCfg, _ := loadNetworks(file)                      // load validated it
@@ -155,6 +159,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	if h.adminAddr, err = h.admin.Listen(file.Admin.Listen); err != nil {
 		return nil, err
 	}
+	h.sup.SetHostAddresses([]string{h.xdsAddr.String(), h.adminAddr.String()})
 	h.components = []component{
 		{"supervisor", h.sup.Run},
 		{"network", h.nets.Run},
@@ -320,38 +325,4 @@ func (f *failures) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.why)
-}
-
-// effectiveConfig is /debug/configz: the file as the host understood it,
-// with defaults filled in and each plugin's decoded config block. A plugin
-// shows the block it runs, as running returns it; "running" is false
-// until it accepted one, and "file" holds the file's block while the
-// plugin runs an earlier one (it refused the file's, or has not taken it
-// yet).
-func effectiveConfig(f *config.File, running func(label string) (*config.Plugin, bool)) any {
-	type pluginView struct {
-		*config.Plugin
-		Config  any         `json:"config"`
-		Running bool        `json:"running"`
-		File    *pluginView `json:"file,omitempty"`
-	}
-	plugins := make([]pluginView, 0, len(f.Plugins))
-	for _, p := range f.Plugins {
-		v := pluginView{Plugin: p, Config: rawJSON(p.ConfigJSON)}
-		if run, latest := running(p.Label); run != nil {
-			if !latest {
-				file := v
-				v.File = &file
-			}
-			v.Plugin, v.Config, v.Running = run, rawJSON(run.ConfigJSON), true
-		}
-		plugins = append(plugins, v)
-	}
-	return map[string]any{
-		"file":    f.Filename,
-		"mesh":    f.Mesh,
-		"xds":     f.XDS,
-		"admin":   f.Admin,
-		"plugins": plugins,
-	}
 }
