@@ -22,6 +22,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -387,6 +388,12 @@ func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Both bundled and path are set",
 			Detail: "A plugin is either bundled (bundled = \"NAME\") or an external binary (path = \"...\" with sha256), not both.", Subject: p.PathRange.Ptr()})
 	case p.Path != "":
+		if !filepath.IsAbs(p.Path) {
+			// A relative path would be looked up in $PATH or the working
+			// directory, which another user may control.
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Plugin path is not absolute",
+				Detail: fmt.Sprintf("Plugin %q: path %q must be absolute, for example \"/opt/estuary/plugins/%s\".", p.Label, p.Path, filepath.Base(p.Path)), Subject: p.PathRange.Ptr()})
+		}
 		if p.SHA256 == "" {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Missing required argument",
 				Detail: fmt.Sprintf("External plugin %q needs sha256: the hex SHA-256 of its binary (`sha256sum %s`).", p.Label, p.Path), Subject: b.DefRange.Ptr()})
@@ -410,30 +417,72 @@ func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {
 	return p, diags
 }
 
-// VerifyBinary checks that an external plugin's binary exists and has the
-// configured hash. The error names both hashes.
+// VerifyBinary checks an external plugin's binary as OpenBinary does,
+// without keeping it open: what `estuary validate` does.
 func VerifyBinary(p *Plugin) hcl.Diagnostics {
+	f, diags := OpenBinary(p)
+	if f != nil {
+		f.Close()
+	}
+	return diags
+}
+
+// OpenBinary opens an external plugin's binary and checks it: a regular
+// file, writable by neither group nor others, owned by root or by the
+// host's own user, whose content has the configured sha256. The file it
+// returns is the one it hashed; run the plugin from it (on Linux, as
+// /proc/self/fd/N), never from its path again, so that a binary swapped
+// in at the path after the check is never executed. The caller closes it.
+// It returns nil for a bundled plugin.
+func OpenBinary(p *Plugin) (*os.File, hcl.Diagnostics) {
 	if !p.External() {
-		return nil
+		return nil, nil
+	}
+	bad := func(summary, detail string, rng hcl.Range) hcl.Diagnostics {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: summary, Detail: fmt.Sprintf("Plugin %q: %s", p.Label, detail), Subject: rng.Ptr()}}
 	}
 	f, err := os.Open(p.Path)
 	if err != nil {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary not found",
-			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+		return nil, bad("Plugin binary not found", err.Error()+".", p.PathRange)
 	}
-	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, bad("Cannot read plugin binary", err.Error()+".", p.PathRange)
+	}
+	if d := checkBinaryFile(p.Path, fi); d != "" {
+		f.Close()
+		return nil, bad("Unsafe plugin binary", d, p.PathRange)
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read plugin binary",
-			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+		f.Close()
+		return nil, bad("Cannot read plugin binary", err.Error()+".", p.PathRange)
 	}
 	got := hex.EncodeToString(h.Sum(nil))
 	if !strings.EqualFold(got, p.SHA256) {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary checksum mismatch",
-			Detail:  fmt.Sprintf("Plugin %q: %s has sha256 %s, but plugins.hcl expects %s. The binary was not started.", p.Label, p.Path, got, strings.ToLower(p.SHA256)),
-			Subject: p.SHA256Range.Ptr()}}
+		f.Close()
+		return nil, bad("Plugin binary checksum mismatch",
+			fmt.Sprintf("%s has sha256 %s, but plugins.hcl expects %s. The binary was not started.", p.Path, got, strings.ToLower(p.SHA256)),
+			p.SHA256Range)
 	}
-	return nil
+	return f, nil
+}
+
+// checkBinaryFile says what makes a plugin binary unsafe to run, or "".
+// Anyone who can write the file, or its owner, could replace what the
+// host runs with its privileges.
+func checkBinaryFile(path string, fi os.FileInfo) string {
+	if !fi.Mode().IsRegular() {
+		return fmt.Sprintf("%s is not a regular file.", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Sprintf("%s is writable by its group or by others (mode %04o); make it writable by its owner only (chmod go-w).", path, perm)
+	}
+	if uid, ok := fileOwner(fi); ok && uid != 0 && uid != uint32(os.Getuid()) {
+		return fmt.Sprintf("%s is owned by uid %d; it must be owned by root or by the user estuary runs as (uid %d).", path, uid, os.Getuid())
+	}
+	return ""
 }
 
 // DecodeConfig decodes the plugin's config block against its schema.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"maps"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -315,14 +317,21 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 	}()
 	r.setState(StateStarting, nil)
 
-	if diags := config.VerifyBinary(cfg); diags.HasErrors() {
+	// The binary is checked and hashed through the descriptor it then
+	// runs from, so nothing swapped in at its path afterwards ever runs.
+	bin, diags := config.OpenBinary(cfg)
+	if diags.HasErrors() {
 		return false, configErr{errors.New(config.Format(diags))}
 	}
 	stderr := &tailBuffer{max: 8 << 10}
-	client := goplugin.NewClient(r.clientConfig(cfg, stderr))
+	client := goplugin.NewClient(r.clientConfig(cfg, bin, stderr))
 	defer client.Kill()
 
 	rpcClient, err := client.Client()
+	if bin != nil {
+		// Started (or failed to): the child holds its own copy.
+		bin.Close()
+	}
 	if err != nil {
 		client.Kill() // reap the process and drain its stderr before quoting it
 		return false, handshakeError(cfg, err, stderr.String())
@@ -592,25 +601,30 @@ func drain(ch chan struct{}) {
 	}
 }
 
-func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.ClientConfig {
+// clientConfig is how go-plugin starts cfg: an external plugin from bin,
+// its binary as OpenBinary checked it, a bundled one from the host's own
+// image; either with pluginEnv as its whole environment.
+func (r *runner) clientConfig(cfg *config.Plugin, bin *os.File, stderr io.Writer) *goplugin.ClientConfig {
 	var cmd *exec.Cmd
-	var secure *goplugin.SecureConfig
 	if cfg.External() {
 		cmd = exec.Command(cfg.Path, cfg.Args...)
-		secure = secureConfig(cfg.SHA256)
+		execFromFile(cmd, bin)
 	} else {
-		cmd = exec.Command(r.sup.opts.Self, append([]string{"plugin", cfg.Bundled}, cfg.Args...)...)
+		self := r.sup.opts.Self
+		cmd = exec.Command(self, append([]string{"plugin", cfg.Bundled}, cfg.Args...)...)
+		if exe, err := os.Executable(); err == nil && exe == self {
+			cmd.Path = runningImage(self)
+		}
 	}
-	cmd.Env = os.Environ()
-	for k, v := range cfg.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
+	cmd.Env = pluginEnv(os.Environ(), cfg.Env)
 	dieWithParent(cmd)
 	return &goplugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: pluginclient.PluginSet()},
 		Cmd:              cmd,
-		SecureConfig:     secure,
+		// go-plugin would append the host's whole environment after
+		// ours, overriding the plugin's env block with it.
+		SkipHostEnv: true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		StartTimeout:     r.sup.opts.StartTimeout,
@@ -618,6 +632,39 @@ func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.Cl
 		Stderr:           stderr,
 		GRPCDialOptions:  sdk.ClientDialOptions(),
 	}
+}
+
+// inheritedEnv are the variables of the host's environment a plugin
+// inherits: where to find programs and temporary files, locale and time
+// zone, the system's CA bundle, the Go runtime's knobs, and the address a
+// pod's in-cluster client config reads. Nothing that commonly carries a
+// credential (CONSUL_HTTP_TOKEN, AWS_*, proxies with user:pass@) passes;
+// a plugin that needs such a variable gets it from its env block.
+var inheritedEnv = []string{
+	"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LANGUAGE", "TZ",
+	"SSL_CERT_FILE", "SSL_CERT_DIR",
+	"GOMAXPROCS", "GOMEMLIMIT", "GOGC", "GODEBUG", "GOTRACEBACK", "GOCOVERDIR",
+	"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+}
+
+// pluginEnv is a plugin's environment: the allowed variables of the
+// host's (inheritedEnv, and LC_*), then the plugin's env block, which wins
+// over them. go-plugin adds its handshake variables after these.
+func pluginEnv(host []string, own map[string]string) []string {
+	var env []string
+	for _, kv := range host {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, set := own[k]; set {
+			continue
+		}
+		if slices.Contains(inheritedEnv, k) || strings.HasPrefix(k, "LC_") {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(own)) {
+		env = append(env, k+"="+own[k])
+	}
+	return env
 }
 
 // handshakeError explains a failed start in the operator's terms. Failures

@@ -2,14 +2,11 @@ package supervisor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -289,9 +286,4 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	}
 	slices.Sort(waiting)
 	return len(waiting) == 0, waiting
-}
-
-func secureConfig(sum string) *goplugin.SecureConfig {
-	b, _ := hex.DecodeString(sum)
-	return &goplugin.SecureConfig{Checksum: b, Hash: sha256.New()}
 }
