@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"maps"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -624,7 +624,7 @@ func (r *runner) clientConfig(cfg *config.Plugin, bin *os.File, stderr io.Writer
 		Cmd:              cmd,
 		// go-plugin would append the host's whole environment after
 		// ours, overriding the plugin's env block with it.
-		SkipHostEnv: true,
+		SkipHostEnv:      true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		StartTimeout:     r.sup.opts.StartTimeout,
