@@ -94,9 +94,19 @@ type XDS struct {
 	DrainGrace time.Duration `json:"drain_grace"`
 }
 
-// Admin configures the admin HTTP server.
+// Admin configures the admin HTTP server (see admin.go).
 type Admin struct {
 	Listen string `json:"listen"`
+	// TokenFile holds the bearer token requests must present.
+	TokenFile string `json:"token_file,omitempty"`
+	// TLS serves HTTPS; with a client CA, a verified client certificate
+	// also authenticates a request.
+	TLS *AdminTLS `json:"tls,omitempty"`
+	// Insecure allows a listen address beyond loopback without a token or
+	// client certificates.
+	Insecure bool `json:"insecure,omitempty"`
+	// MaxConnections bounds the connections served at once.
+	MaxConnections int `json:"max_connections"`
 }
 
 // Plugin is one plugin block.
@@ -161,7 +171,12 @@ type xdsBlock struct {
 }
 
 type adminBlock struct {
-	Listen *string `hcl:"listen,optional"`
+	Listen         *string        `hcl:"listen,optional"`
+	TokenFile      *string        `hcl:"token_file,optional"`
+	Insecure       *bool          `hcl:"insecure,optional"`
+	MaxConnections *int           `hcl:"max_connections,optional"`
+	TLS            *adminTLSBlock `hcl:"tls,block"`
+	Body           hcl.Body       `hcl:",body"`
 }
 
 var pluginSchema = &hcl.BodySchema{
@@ -195,7 +210,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID},
 		XDS: XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax,
 			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace},
-		Admin: Admin{Listen: DefaultAdminListen},
+		Admin: Admin{Listen: DefaultAdminListen, MaxConnections: DefaultAdminMaxConnections},
 	}
 	content, d := f.Body.Content(rootSchema)
 	diags = append(diags, d...)
@@ -219,12 +234,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		case "xds":
 			diags = append(diags, decodeXDS(b, &out.XDS)...)
 		case "admin":
-			var ab adminBlock
-			diags = append(diags, gohcl.DecodeBody(b.Body, nil, &ab)...)
-			if ab.Listen != nil {
-				out.Admin.Listen = *ab.Listen
-				diags = append(diags, checkListen(*ab.Listen, attrRange(b.Body, "listen"))...)
-			}
+			diags = append(diags, decodeAdmin(b, &out.Admin)...)
 		case "networks":
 			out.Networks = b.Body
 		case "plugin":

@@ -271,7 +271,7 @@ func TestParseDefaults(t *testing.T) {
 		Mesh: config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: ""},
 		XDS: config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second,
 			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second},
-		Admin: config.Admin{Listen: "127.0.0.1:15014"},
+		Admin: config.Admin{Listen: "127.0.0.1:15014", MaxConnections: config.DefaultAdminMaxConnections},
 	}
 	if f.Mesh != want.Mesh {
 		t.Errorf("mesh = %+v, want %+v", f.Mesh, want.Mesh)

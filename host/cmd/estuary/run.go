@@ -48,6 +48,9 @@ func runHost(args []string) int {
 		fmt.Fprint(os.Stderr, config.Format(diags))
 		return 1
 	}
+	if len(diags) > 0 { // warnings, such as an admin server with insecure = true
+		logger.Warn("configuration warnings", "warnings", "\n"+config.Format(diags))
+	}
 	self, err := os.Executable()
 	if err != nil {
 		logger.Error("cannot find the estuary executable to run bundled plugins", "error", err)
@@ -65,8 +68,12 @@ func runHost(args []string) int {
 		return 1
 	}
 	if err := h.run(context.Background(), signals, func() {
-		fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
-			Version, h.xdsAddr, h.adminAddr, len(file.Plugins))
+		adminScheme := "http"
+		if file.Admin.TLS != nil {
+			adminScheme = "https"
+		}
+		fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on %s://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
+			Version, h.xdsAddr, adminScheme, h.adminAddr, len(file.Plugins))
 	}); err != nil {
 		return 1
 	}
@@ -146,6 +153,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	h.admin = admin.New(logger, admin.Options{
 		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
 		Config: h.effectiveConfig, Failed: h.failures.list,
+		Security: file.Admin, // token, TLS, connection limit
 	})
 	h.admin.Handle("/debug/networkz", eds.Handler(h.xds))
 	for path, handler := range h.xds.DebugHandlers() {
