@@ -3,7 +3,8 @@
 //	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = "" }
 //	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s"
 //	          max_connection_age = "30m"  drain_grace = "5s" }
-//	admin   { listen = "127.0.0.1:15014" }
+//	admin   { listen = "127.0.0.1:15014"  token_file = "..."  insecure = false  max_connections = 64
+//	          tls { cert_file = "..."  key_file = "..."  client_ca_file = "..." } }
 //	plugin "LABEL" {
 //	  bundled = "consul"          # or: path = "/opt/p"  sha256 = "..."
 //	  args    = []  env = {}  sync_timeout = "30s"
