@@ -173,7 +173,7 @@ func schemaToProto(s *Schema) *registryv1.Schema {
 	}
 	out := &registryv1.Schema{}
 	for _, a := range s.Attributes {
-		out.Attributes = append(out.Attributes, &registryv1.Attribute{Name: a.Name, Type: a.Type, Required: a.Required, Description: a.Description})
+		out.Attributes = append(out.Attributes, &registryv1.Attribute{Name: a.Name, Type: a.Type, Required: a.Required, Description: a.Description, Sensitive: a.Sensitive})
 	}
 	for _, b := range s.Blocks {
 		nesting := registryv1.Nesting_NESTING_LIST

@@ -28,6 +28,14 @@
 // [Run] and [Stopper] let Configure and shutdown stop a plugin's watches
 // within the host's deadline; [ValueOr] reads unset attributes.
 //
+// Credentials: mark a credential attribute [Attribute].Sensitive. Its
+// value then reaches Configure and nowhere else: the host shows
+// "(sensitive)" in /debug/configz, and both the host and the SDK replace
+// it with "redacted" in logs (the plugin's Runtime.Logger included) and
+// in health messages and notices. Package redact hides the user and
+// password of URLs the same way; use redact.URL where a plugin shows a
+// URL it was given.
+//
 // Generated protocol types never appear in this package; see
 // proto/registry/v1 for the wire contract.
 package sdk

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -99,6 +100,18 @@ type MeshSettings struct {
 	DomainSuffix string
 	ClusterID    string
 	Network      string
+	// HostAddresses are the addresses the host listens on (xDS and admin),
+	// "HOST:PORT" as bound; a host of 0.0.0.0 or :: stands for every
+	// address of the machine. A plugin that connects where a third party
+	// says (a kubeconfig from a Secret) refuses them, so that nobody can
+	// aim the host at its own admin port.
+	HostAddresses []string
+}
+
+// Equal reports whether m and o are the same settings.
+func (m MeshSettings) Equal(o MeshSettings) bool {
+	return m.DomainSuffix == o.DomainSuffix && m.ClusterID == o.ClusterID && m.Network == o.Network &&
+		slices.Equal(m.HostAddresses, o.HostAddresses)
 }
 
 // ConfigureResponse reports problems found in the config.

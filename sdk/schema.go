@@ -1,9 +1,12 @@
 package sdk
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // Schema is the shape of an HCL body. The host decodes a plugin's
@@ -21,6 +24,11 @@ type Attribute struct {
 	Type        string
 	Required    bool
 	Description string
+	// Sensitive marks a credential: a token, a password, or the path of a
+	// file that holds one. The host hands its value to the plugin and
+	// nowhere else: /debug/configz shows "(sensitive)", and logs, health
+	// messages and `estuary validate` never quote it.
+	Sensitive bool
 }
 
 // Block is a nested block type.
@@ -73,3 +81,117 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // MarshalJSON writes the duration as a string ParseDuration reads back.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// SensitivePlaceholder stands for a sensitive attribute's value in views
+// of a config block, such as the host's /debug/configz.
+const SensitivePlaceholder = "(sensitive)"
+
+// SensitiveValues returns every string held by a sensitive attribute of
+// configJSON, a block decoded against s (as ConfigureRequest.ConfigJSON),
+// including those of nested blocks and inside lists and maps. The host and
+// the SDK register them with a [redact.Secrets] set, so that they never
+// reach a log or a health message.
+func (s *Schema) SensitiveValues(configJSON []byte) []string {
+	var out []string
+	s.walk(configJSON, func(v any) any {
+		collectStrings(v, &out)
+		return v
+	})
+	return out
+}
+
+// Redact returns configJSON, a block decoded against s, with the value of
+// every sensitive attribute that is set replaced by [SensitivePlaceholder]
+// and the credentials of every URL among the other values removed. It is
+// what a view of the block shows.
+func (s *Schema) Redact(configJSON []byte) []byte {
+	out := s.walk(configJSON, func(any) any { return SensitivePlaceholder })
+	if out == nil {
+		return configJSON
+	}
+	return out
+}
+
+// walk decodes configJSON and calls sensitive on the value of every set
+// sensitive attribute, replacing it by the result; other strings lose
+// their URL credentials. It returns the block encoded again, or nil if
+// configJSON is not a JSON object.
+func (s *Schema) walk(configJSON []byte, sensitive func(any) any) []byte {
+	if len(configJSON) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(configJSON))
+	dec.UseNumber() // numbers come back as written
+	var obj map[string]any
+	if err := dec.Decode(&obj); err != nil {
+		return nil
+	}
+	s.walkObject(obj, sensitive)
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func (s *Schema) walkObject(obj map[string]any, sensitive func(any) any) {
+	attrs := map[string]*Attribute{}
+	blocks := map[string]*Schema{}
+	if s != nil {
+		for i := range s.Attributes {
+			attrs[s.Attributes[i].Name] = &s.Attributes[i]
+		}
+		for i := range s.Blocks {
+			blocks[s.Blocks[i].TypeName] = &s.Blocks[i].Body
+		}
+	}
+	for k, v := range obj {
+		switch {
+		case v == nil:
+		case attrs[k] != nil && attrs[k].Sensitive:
+			obj[k] = sensitive(v)
+		case blocks[k] != nil:
+			if list, ok := v.([]any); ok {
+				for _, item := range list {
+					if o, ok := item.(map[string]any); ok {
+						blocks[k].walkObject(o, sensitive)
+					}
+				}
+			}
+		default:
+			obj[k] = redactURLs(v)
+		}
+	}
+}
+
+// redactURLs removes URL credentials from every string in v.
+func redactURLs(v any) any {
+	switch x := v.(type) {
+	case string:
+		return redact.Text(x)
+	case []any:
+		for i := range x {
+			x[i] = redactURLs(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = redactURLs(x[k])
+		}
+	}
+	return v
+}
+
+func collectStrings(v any, out *[]string) {
+	switch x := v.(type) {
+	case string:
+		*out = append(*out, x)
+	case []any:
+		for _, e := range x {
+			collectStrings(e, out)
+		}
+	case map[string]any:
+		for _, e := range x {
+			collectStrings(e, out)
+		}
+	}
+}

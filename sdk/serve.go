@@ -52,15 +52,18 @@ const batchCost = 4096
 // up the go-plugin handshake, protocol negotiation, AutoMTLS (when the host
 // asks for it) and an hclog JSON logger on stderr.
 func Serve(f Factory) {
+	// The plugin's sensitive config values and URL credentials never
+	// reach its log: the state's set learns them at Configure.
+	state := NewState()
 	logger := hclog.New(&hclog.LoggerOptions{
 		Level:      hclog.Trace,
-		Output:     os.Stderr,
+		Output:     state.secrets.Writer(os.Stderr),
 		JSONFormat: true,
 	})
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	go exitWithParent(ctx, logger)
-	serve(ctx, f, logger, logger, nil, nil)
+	serve(ctx, f, state, logger, logger, nil, nil)
 }
 
 // ServeTest serves f in this process for tests: it returns the config a
@@ -101,7 +104,7 @@ func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.Rea
 	go func() {
 		defer close(done)
 		defer cancelServe()
-		serve(ctx, f, logger, gatedLogger{logger, gate}, &plugin.ServeTestConfig{Context: serveCtx, ReattachConfigCh: reattach, CloseCh: served}, stop)
+		serve(ctx, f, NewState(), logger, gatedLogger{logger, gate}, &plugin.ServeTestConfig{Context: serveCtx, ReattachConfigCh: reattach, CloseCh: served}, stop)
 		<-watching
 		gate.close()
 		// Collect now, so the copying goroutines end soon and tests that
@@ -121,10 +124,9 @@ func ServeTest(ctx context.Context, f Factory, logger hclog.Logger) (*plugin.Rea
 
 // serve runs the plugin until go-plugin stops serving, then stops it.
 // goPluginLogger receives go-plugin's own log lines.
-func serve(ctx context.Context, f Factory, logger, goPluginLogger hclog.Logger, test *plugin.ServeTestConfig, stop *stopOnce) {
+func serve(ctx context.Context, f Factory, state *State, logger, goPluginLogger hclog.Logger, test *plugin.ServeTestConfig, stop *stopOnce) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	state := NewState()
 	impl := f(Runtime{Context: ctx, Logger: logger, State: state})
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
@@ -299,10 +301,15 @@ func (s *server) Describe(ctx context.Context, _ *registryv1.DescribeRequest) (*
 }
 
 func (s *server) Configure(ctx context.Context, req *registryv1.ConfigureRequest) (*registryv1.ConfigureResponse, error) {
+	// Learn the block's sensitive values before the plugin sees them, so
+	// that nothing it logs or reports about them shows them.
+	if d, err := s.impl.Describe(ctx, &DescribeRequest{}); err == nil && d.ConfigSchema != nil && s.state.secrets != nil {
+		s.state.secrets.Add(d.ConfigSchema.SensitiveValues(req.GetConfigJson())...)
+	}
 	m := req.GetMesh()
 	resp, err := s.impl.Configure(ctx, &ConfigureRequest{
 		ConfigJSON: req.GetConfigJson(),
-		Mesh:       MeshSettings{DomainSuffix: m.GetDomainSuffix(), ClusterID: m.GetClusterId(), Network: m.GetNetwork()},
+		Mesh:       MeshSettings{DomainSuffix: m.GetDomainSuffix(), ClusterID: m.GetClusterId(), Network: m.GetNetwork(), HostAddresses: m.GetHostAddresses()},
 	})
 	if err != nil {
 		return nil, toStatus(err)

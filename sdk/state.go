@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"sync"
+
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // State holds everything a plugin currently reports and turns changes into
@@ -26,6 +28,10 @@ type State struct {
 	setComplete bool
 	// pluginHealth is the connection to the source that lists instances.
 	pluginHealth *InstanceHealth
+	// secrets are the plugin's sensitive config values; health messages
+	// and notices are redacted with them (and lose URL credentials) before
+	// they leave the plugin.
+	secrets *redact.Secrets
 }
 
 type instanceState struct {
@@ -40,7 +46,22 @@ type instanceState struct {
 // NewState returns an empty State. Serve creates one for each plugin; tests
 // and in-process hosts may create their own.
 func NewState() *State {
-	return &State{instances: map[InstanceID]*instanceState{}, subs: map[*subscriber]struct{}{}}
+	return &State{instances: map[InstanceID]*instanceState{}, subs: map[*subscriber]struct{}{}, secrets: &redact.Secrets{}}
+}
+
+// redacted returns h with credentials removed from its message and
+// notices: the sensitive values of the plugin's config, and the user
+// information of any URL (an error from an HTTP client quotes the URL).
+func (s *State) redacted(h InstanceHealth) InstanceHealth {
+	h.Message = s.secrets.String(h.Message)
+	if len(h.Notices) > 0 {
+		ns := make([]Notice, len(h.Notices))
+		for i, n := range h.Notices {
+			ns[i] = Notice{Subject: s.secrets.String(n.Subject), Message: s.secrets.String(n.Message)}
+		}
+		h.Notices = ns
+	}
+	return h
 }
 
 // Snapshot is the complete content of one instance, for ReplaceInstance.
@@ -210,9 +231,10 @@ func (s *State) InstanceSetComplete() {
 // SetPluginHealth reports whether the plugin can reach the source that
 // lists its instances (the Consul agent that names its datacenters, the
 // API server that holds remote secrets), for problems no instance can
-// report because none is known yet. It is shown to operators: never put
-// credentials in it.
+// report because none is known yet. It is shown to operators: the SDK
+// removes URL credentials and the config's sensitive values from it.
 func (s *State) SetPluginHealth(h InstanceHealth) {
+	h = s.redacted(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pluginHealth != nil && s.pluginHealth.Equal(&h) {
@@ -223,9 +245,10 @@ func (s *State) SetPluginHealth(h InstanceHealth) {
 }
 
 // SetHealth reports whether the instance can reach its source, and the
-// problems with single objects. It is shown to operators: never put
-// credentials in it.
+// problems with single objects. It is shown to operators: the SDK removes
+// URL credentials and the config's sensitive values from it.
 func (s *State) SetHealth(id InstanceID, h InstanceHealth) error {
+	h = s.redacted(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in, err := s.instance(id)

@@ -4,12 +4,16 @@
 package admin
 
 import (
+	"cmp"
 	"context"
+	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,8 +21,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
 )
@@ -41,7 +47,24 @@ type Options struct {
 	// Warnings, if set, are shown by /readyz whether ready or not: what
 	// the operator chose that is unsafe (plain-text xDS beyond loopback).
 	Warnings func() []string
+	// Security is the admin block: who may ask (token_file, tls with
+	// client_ca_file) and how many connections are served at once.
+	// Listen reads its files.
+	Security config.Admin
+	// ReadTimeout, WriteTimeout and IdleTimeout bound a request's reading,
+	// its response's writing, and an idle keep-alive connection; zero
+	// takes the defaults (10s, 30s, 60s).
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 }
+
+// Timeouts of the admin server: every page is built from memory, so a
+// request that takes longer to arrive, or a response to leave, is a
+// client holding a connection open.
+const (
+	DefaultReadTimeout  = 10 * time.Second
+	DefaultWriteTimeout = 30 * time.Second
+	DefaultIdleTimeout  = 60 * time.Second
+)
 
 // Server is the admin HTTP server.
 type Server struct {
@@ -51,6 +74,9 @@ type Server struct {
 	agg    *aggregate.Registry
 	sup    *supervisor.Supervisor
 	ln     net.Listener // set by Listen, served by Run
+	// token is the bearer token read from token_file by Listen; empty
+	// when the admin block sets none.
+	token string
 }
 
 // New builds the admin server.
@@ -58,6 +84,9 @@ func New(logger hclog.Logger, opts Options) *Server {
 	if opts.DefaultSyncTimeout == 0 {
 		opts.DefaultSyncTimeout = 30 * time.Second
 	}
+	opts.ReadTimeout = cmp.Or(opts.ReadTimeout, DefaultReadTimeout)
+	opts.WriteTimeout = cmp.Or(opts.WriteTimeout, DefaultWriteTimeout)
+	opts.IdleTimeout = cmp.Or(opts.IdleTimeout, DefaultIdleTimeout)
 	s := &Server{mux: http.NewServeMux(), logger: logger.Named("admin"), opts: opts, agg: opts.Aggregate, sup: opts.Supervisor}
 	s.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	s.mux.HandleFunc("/readyz", s.readyz)
@@ -79,19 +108,90 @@ func New(logger hclog.Logger, opts Options) *Server {
 // Handle adds a page.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler returns the server's handler, for tests.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns the server's handler, authentication included, for
+// tests.
+func (s *Server) Handler() http.Handler { return s.authenticate(s.mux) }
 
 // Listen binds addr and returns the bound address; Run serves on it.
 // Binding apart from serving lets the host print the address (port 0
-// included) and fail before anything starts.
+// included) and fail before anything starts. It reads the token and TLS
+// files of Options.Security, and serves at most its MaxConnections
+// connections at once: the next wait in the kernel's backlog.
 func (s *Server) Listen(addr string) (net.Addr, error) {
+	sec := s.opts.Security
+	if sec.TokenFile != "" {
+		tok, err := sec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("admin: token_file: %w", err)
+		}
+		s.token = tok
+	}
+	var tlsConf *tls.Config
+	if sec.TLS != nil {
+		cert, err := tls.LoadX509KeyPair(sec.TLS.CertFile, sec.TLS.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin: tls: %w", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if sec.TLS.ClientCAFile != "" {
+			pool, err := sec.TLS.ClientCAs()
+			if err != nil {
+				return nil, fmt.Errorf("admin: tls: %w", err)
+			}
+			// A certificate is verified if given, but not required at
+			// the handshake: probes reach /healthz and /readyz without
+			// one, and authenticate refuses everything else.
+			tlsConf.ClientCAs, tlsConf.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen %s: %w", addr, err)
 	}
+	bound := ln.Addr()
+	if sec.MaxConnections > 0 {
+		ln = netutil.LimitListener(ln, sec.MaxConnections)
+	}
+	if tlsConf != nil {
+		ln = tls.NewListener(ln, tlsConf)
+	}
 	s.ln = ln
-	return ln.Addr(), nil
+	return bound, nil
+}
+
+// openPaths answer without authentication, for liveness and readiness
+// probes; /readyz then says only whether the host is ready, not why.
+var openPaths = []string{"/healthz", "/readyz"}
+
+// authenticate refuses a request that presents neither the bearer token
+// nor a verified client certificate, when the admin block asks for
+// either, except on openPaths.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.authenticated(r) || slices.Contains(openPaths, r.URL.Path) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="estuary admin"`)
+		http.Error(w, "unauthenticated: present the admin token (Authorization: Bearer ...) or a client certificate", http.StatusUnauthorized)
+	})
+}
+
+// authenticated reports whether r presents the token or a verified client
+// certificate, or no authentication is configured.
+func (s *Server) authenticated(r *http.Request) bool {
+	sec := s.opts.Security
+	if !sec.Authenticates() {
+		return true
+	}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		return true
+	}
+	if s.token == "" {
+		return false
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(s.token)) == 1
 }
 
 // shutdownTimeout bounds how long requests in flight may delay a stop.
@@ -104,7 +204,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.ln == nil {
 		return errors.New("admin: Run before Listen")
 	}
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.authenticate(s.mux), ErrorLog: s.logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}),
+		ReadHeaderTimeout: s.opts.ReadTimeout, ReadTimeout: s.opts.ReadTimeout,
+		WriteTimeout: s.opts.WriteTimeout, IdleTimeout: s.opts.IdleTimeout}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(s.ln) }()
 	select {
@@ -155,7 +257,7 @@ func (s *Server) failed() []string {
 	return s.opts.Failed()
 }
 
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ready, waiting := s.Ready(time.Now())
 	var warnings []string
 	if s.opts.Warnings != nil {
@@ -171,6 +273,11 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusServiceUnavailable)
 	for _, x := range warnings {
 		fmt.Fprintf(w, "warning: %s\n", x)
+	}
+	if !s.authenticated(r) {
+		// Why is for operators: plugin health messages name servers.
+		fmt.Fprintln(w, "not ready")
+		return
 	}
 	for _, f := range s.failed() {
 		fmt.Fprintf(w, "not ready: %s\n", f)

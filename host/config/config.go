@@ -7,7 +7,8 @@
 //	          max_streams_per_connection = 100  max_resource_names = 50000  max_unknown_types = 4
 //	          tls { cert_file = "..."  key_file = "..."  client_ca_file = "..." }
 //	          authorize { routers = ["spiffe://..."]  trust_domain "TD" { clusters = []  networks = [] } } }
-//	admin   { listen = "127.0.0.1:15014" }
+//	admin   { listen = "127.0.0.1:15014"  token_file = "..."  insecure = false  max_connections = 64
+//	          tls { cert_file = "..."  key_file = "..."  client_ca_file = "..." } }
 //	plugin "LABEL" {
 //	  bundled = "consul"          # or: path = "/opt/p"  sha256 = "..."
 //	  args    = []  env = {}  sync_timeout = "30s"
@@ -21,10 +22,12 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -144,9 +147,19 @@ type TrustDomainClaims struct {
 	Networks []string `json:"networks,omitempty"`
 }
 
-// Admin configures the admin HTTP server.
+// Admin configures the admin HTTP server (see admin.go).
 type Admin struct {
 	Listen string `json:"listen"`
+	// TokenFile holds the bearer token requests must present.
+	TokenFile string `json:"token_file,omitempty"`
+	// TLS serves HTTPS; with a client CA, a verified client certificate
+	// also authenticates a request.
+	TLS *AdminTLS `json:"tls,omitempty"`
+	// Insecure allows a listen address beyond loopback without a token or
+	// client certificates.
+	Insecure bool `json:"insecure,omitempty"`
+	// MaxConnections bounds the connections served at once.
+	MaxConnections int `json:"max_connections"`
 }
 
 // Plugin is one plugin block.
@@ -168,8 +181,11 @@ type Plugin struct {
 	// Config is the body of the config block (an empty body when absent).
 	Config hcl.Body `json:"-"`
 	// ConfigJSON is Config decoded against the plugin's schema, set by
-	// DecodeConfig once the supervisor has the plugin's schema.
-	ConfigJSON []byte `json:"config,omitempty"`
+	// DecodeConfig once the supervisor has the plugin's schema. It holds
+	// sensitive values: show ConfigView instead.
+	ConfigJSON []byte `json:"-"`
+	// Schema is the plugin's schema ConfigJSON was decoded against.
+	Schema *sdk.Schema `json:"-"`
 	// DeclRange is where the block starts.
 	DeclRange hcl.Range `json:"-"`
 	// PathRange and SHA256Range point at those attributes.
@@ -239,7 +255,12 @@ type trustDomainBlock struct {
 }
 
 type adminBlock struct {
-	Listen *string `hcl:"listen,optional"`
+	Listen         *string        `hcl:"listen,optional"`
+	TokenFile      *string        `hcl:"token_file,optional"`
+	Insecure       *bool          `hcl:"insecure,optional"`
+	MaxConnections *int           `hcl:"max_connections,optional"`
+	TLS            *adminTLSBlock `hcl:"tls,block"`
+	Body           hcl.Body       `hcl:",body"`
 }
 
 var pluginSchema = &hcl.BodySchema{
@@ -275,7 +296,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace,
 			MaxViews: DefaultMaxViews, MaxConnections: DefaultMaxConnections, MaxStreamsPerConnection: DefaultMaxStreamsPerConnection,
 			MaxResourceNames: DefaultMaxResourceNames, MaxUnknownTypes: DefaultMaxUnknownTypes},
-		Admin: Admin{Listen: DefaultAdminListen},
+		Admin: Admin{Listen: DefaultAdminListen, MaxConnections: DefaultAdminMaxConnections},
 	}
 	content, d := f.Body.Content(rootSchema)
 	diags = append(diags, d...)
@@ -299,12 +320,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		case "xds":
 			diags = append(diags, decodeXDS(b, &out.XDS)...)
 		case "admin":
-			var ab adminBlock
-			diags = append(diags, gohcl.DecodeBody(b.Body, nil, &ab)...)
-			if ab.Listen != nil {
-				out.Admin.Listen = *ab.Listen
-				diags = append(diags, checkListen(*ab.Listen, attrRange(b.Body, "listen"))...)
-			}
+			diags = append(diags, decodeAdmin(b, &out.Admin)...)
 		case "networks":
 			out.Networks = b.Body
 		case "plugin":
@@ -468,6 +484,12 @@ func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {
 		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Both bundled and path are set",
 			Detail: "A plugin is either bundled (bundled = \"NAME\") or an external binary (path = \"...\" with sha256), not both.", Subject: p.PathRange.Ptr()})
 	case p.Path != "":
+		if !filepath.IsAbs(p.Path) {
+			// A relative path would be looked up in $PATH or the working
+			// directory, which another user may control.
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Plugin path is not absolute",
+				Detail: fmt.Sprintf("Plugin %q: path %q must be absolute, for example \"/opt/estuary/plugins/%s\".", p.Label, p.Path, filepath.Base(p.Path)), Subject: p.PathRange.Ptr()})
+		}
 		if p.SHA256 == "" {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Missing required argument",
 				Detail: fmt.Sprintf("External plugin %q needs sha256: the hex SHA-256 of its binary (`sha256sum %s`).", p.Label, p.Path), Subject: b.DefRange.Ptr()})
@@ -491,39 +513,100 @@ func decodePlugin(b *hcl.Block, bundled []string) (*Plugin, hcl.Diagnostics) {
 	return p, diags
 }
 
-// VerifyBinary checks that an external plugin's binary exists and has the
-// configured hash. The error names both hashes.
+// VerifyBinary checks an external plugin's binary as OpenBinary does,
+// without keeping it open: what `estuary validate` does.
 func VerifyBinary(p *Plugin) hcl.Diagnostics {
+	f, diags := OpenBinary(p)
+	if f != nil {
+		f.Close()
+	}
+	return diags
+}
+
+// OpenBinary opens an external plugin's binary and checks it: a regular
+// file, writable by neither group nor others, owned by root or by the
+// host's own user, whose content has the configured sha256. The file it
+// returns is the one it hashed; run the plugin from it (on Linux, as
+// /proc/self/fd/N), never from its path again, so that a binary swapped
+// in at the path after the check is never executed. The caller closes it.
+// It returns nil for a bundled plugin.
+func OpenBinary(p *Plugin) (*os.File, hcl.Diagnostics) {
 	if !p.External() {
-		return nil
+		return nil, nil
+	}
+	bad := func(summary, detail string, rng hcl.Range) hcl.Diagnostics {
+		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: summary, Detail: fmt.Sprintf("Plugin %q: %s", p.Label, detail), Subject: rng.Ptr()}}
 	}
 	f, err := os.Open(p.Path)
 	if err != nil {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary not found",
-			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+		return nil, bad("Plugin binary not found", err.Error()+".", p.PathRange)
 	}
-	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, bad("Cannot read plugin binary", err.Error()+".", p.PathRange)
+	}
+	if d := checkBinaryFile(p.Path, fi); d != "" {
+		f.Close()
+		return nil, bad("Unsafe plugin binary", d, p.PathRange)
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read plugin binary",
-			Detail: fmt.Sprintf("Plugin %q: %v.", p.Label, err), Subject: p.PathRange.Ptr()}}
+		f.Close()
+		return nil, bad("Cannot read plugin binary", err.Error()+".", p.PathRange)
 	}
 	got := hex.EncodeToString(h.Sum(nil))
 	if !strings.EqualFold(got, p.SHA256) {
-		return hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin binary checksum mismatch",
-			Detail:  fmt.Sprintf("Plugin %q: %s has sha256 %s, but plugins.hcl expects %s. The binary was not started.", p.Label, p.Path, got, strings.ToLower(p.SHA256)),
-			Subject: p.SHA256Range.Ptr()}}
+		f.Close()
+		return nil, bad("Plugin binary checksum mismatch",
+			fmt.Sprintf("%s has sha256 %s, but plugins.hcl expects %s. The binary was not started.", p.Path, got, strings.ToLower(p.SHA256)),
+			p.SHA256Range)
 	}
-	return nil
+	return f, nil
+}
+
+// checkBinaryFile says what makes a plugin binary unsafe to run, or "".
+// Anyone who can write the file, or its owner, could replace what the
+// host runs with its privileges.
+func checkBinaryFile(path string, fi os.FileInfo) string {
+	if !fi.Mode().IsRegular() {
+		return fmt.Sprintf("%s is not a regular file.", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Sprintf("%s is writable by its group or by others (mode %04o); make it writable by its owner only (chmod go-w).", path, perm)
+	}
+	if uid, ok := fileOwner(fi); ok && uid != 0 && uid != uint32(os.Getuid()) {
+		return fmt.Sprintf("%s is owned by uid %d; it must be owned by root or by the user estuary runs as (uid %d).", path, uid, os.Getuid())
+	}
+	return ""
 }
 
 // DecodeConfig decodes the plugin's config block against its schema.
 func (p *Plugin) DecodeConfig(schema *sdk.Schema) hcl.Diagnostics {
 	js, diags := configschema.Decode(p.Config, schema)
 	if !diags.HasErrors() {
-		p.ConfigJSON = js
+		p.ConfigJSON, p.Schema = js, schema
 	}
 	return diags
+}
+
+// ConfigView is the decoded config block as operators may see it: the
+// attributes the schema marks sensitive read "(sensitive)" and URLs lose
+// their credentials. It is nil until the block is decoded.
+func (p *Plugin) ConfigView() json.RawMessage {
+	if p.ConfigJSON == nil || p.Schema == nil {
+		return nil
+	}
+	return p.Schema.Redact(p.ConfigJSON)
+}
+
+// SensitiveValues lists the values of the block's sensitive attributes,
+// once it is decoded, for redacting them from what the host prints.
+func (p *Plugin) SensitiveValues() []string {
+	if p.ConfigJSON == nil || p.Schema == nil {
+		return nil
+	}
+	return p.Schema.SensitiveValues(p.ConfigJSON)
 }
 
 // PluginDiagnostics turns diagnostics a plugin returned from Configure into

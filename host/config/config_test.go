@@ -272,7 +272,7 @@ func TestParseDefaults(t *testing.T) {
 		XDS: config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second,
 			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second,
 			MaxViews: 1000, MaxConnections: 10000, MaxStreamsPerConnection: 100, MaxResourceNames: 50000, MaxUnknownTypes: 4},
-		Admin: config.Admin{Listen: "127.0.0.1:15014"},
+		Admin: config.Admin{Listen: "127.0.0.1:15014", MaxConnections: config.DefaultAdminMaxConnections},
 	}
 	if f.Mesh != want.Mesh {
 		t.Errorf("mesh = %+v, want %+v", f.Mesh, want.Mesh)
@@ -354,7 +354,7 @@ plugin "hello" {
 	if f.Networks == nil {
 		t.Errorf("networks body not kept")
 	}
-	if want := (sdk.MeshSettings{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); f.Mesh.Settings() != want {
+	if want := (sdk.MeshSettings{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); !f.Mesh.Settings().Equal(want) {
 		t.Errorf("settings = %+v, want %+v", f.Mesh.Settings(), want)
 	}
 
@@ -533,4 +533,56 @@ func TestPluginDiagnostics(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestUnsafePluginBinaries: a binary that someone other than root or the
+// host's user could replace is refused at its path attribute, as is a
+// relative path, which $PATH or the working directory would resolve.
+func TestUnsafePluginBinaries(t *testing.T) {
+	content := "#!/bin/sh\necho hello\n"
+	tests := []struct {
+		name  string
+		setup func(path string) error
+		want  string
+	}{
+		{"group writable", func(p string) error { return os.Chmod(p, 0o775) }, "is writable by its group or by others (mode 0775)"},
+		{"world writable", func(p string) error { return os.Chmod(p, 0o757) }, "is writable by its group or by others (mode 0757)"},
+		{"owned by another user", func(p string) error {
+			if os.Getuid() != 0 {
+				t.Skip("changing a file's owner takes root")
+			}
+			return os.Chown(p, 4242, 4242)
+		}, "is owned by uid 4242; it must be owned by root or by the user estuary runs as"},
+		{"a directory", func(p string) error {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return os.Mkdir(p, 0o755)
+		}, "is not a regular file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bin, sum := writeBinary(t, content)
+			if err := tt.setup(bin); err != nil {
+				t.Fatal(err)
+			}
+			src := fmt.Sprintf("plugin \"hello\" {\n  path   = %q\n  sha256 = %q\n}\n", bin, sum)
+			f, diags := parse(t, src)
+			if diags != "" {
+				t.Fatal(diags)
+			}
+			got := config.Format(config.VerifyBinary(f.Plugins[0]))
+			want := fmt.Sprintf("plugins.hcl:2:12: error: Unsafe plugin binary: Plugin \"hello\": %s %s", bin, tt.want)
+			if !strings.HasPrefix(got, want) {
+				t.Errorf("diagnostics:\n got: %s\nwant: %s...", got, want)
+			}
+		})
+	}
+	t.Run("relative path", func(t *testing.T) {
+		_, diags := parse(t, fmt.Sprintf("plugin \"hello\" {\n  path   = \"bin/hello\"\n  sha256 = %q\n}\n", zeroSHA))
+		want := `plugins.hcl:2:12: error: Plugin path is not absolute: Plugin "hello": path "bin/hello" must be absolute, for example "/opt/estuary/plugins/hello"`
+		if diags != want+"\n" {
+			t.Errorf("diagnostics:\n got: %s\nwant: %s", diags, want)
+		}
+	})
 }

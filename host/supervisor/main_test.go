@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,13 @@ func servePlugin(mode string) {
 	case "bench":
 		sdk.Serve(benchFactory)
 	case "ok":
+		sdk.Serve(okFactory)
+	case "env":
+		// Writes its environment to $ESTUARY_TEST_ENV_OUT, then serves.
+		if err := os.WriteFile(os.Getenv("ESTUARY_TEST_ENV_OUT"), []byte(strings.Join(os.Environ(), "\n")), 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
 		sdk.Serve(okFactory)
 	case "ok-restart":
 		// Takes a new block only by a restart.

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -76,10 +78,11 @@ type Status struct {
 // file, so it is only read: json holds the block decoded against the
 // plugin's schema, once Configure accepted it.
 type generation struct {
-	n    uint64
-	cfg  *config.Plugin
-	mesh config.Mesh
-	json []byte
+	n      uint64
+	cfg    *config.Plugin
+	mesh   config.Mesh
+	json   []byte
+	schema *sdk.Schema // json was decoded against it
 }
 
 // sameProcess reports whether a process started for g can take o by
@@ -177,12 +180,12 @@ func (r *runner) nextLocked() (generation, bool) {
 	return generation{}, false
 }
 
-// commit records that the plugin accepted g, decoded as js.
-func (r *runner) commit(g generation, js []byte) {
+// commit records that the plugin accepted g, decoded as js against schema.
+func (r *runner) commit(g generation, js []byte, schema *sdk.Schema) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if g.n >= r.committed.n {
-		g.json = js
+		g.json, g.schema = js, schema
 		r.committed, r.committedRejected = g, false
 	}
 }
@@ -197,7 +200,7 @@ func (r *runner) running() (cfg *config.Plugin, latest bool) {
 		return nil, false
 	}
 	c := *r.committed.cfg
-	c.ConfigJSON = r.committed.json
+	c.ConfigJSON, c.Schema = r.committed.json, r.committed.schema
 	return &c, r.committed.n == r.desired.n
 }
 
@@ -211,7 +214,7 @@ func (r *runner) reject(n uint64, err error) {
 	if r.committed.n == n {
 		r.committedRejected = true
 	}
-	r.status.LastError = err.Error()
+	r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 }
 
 func (r *runner) setState(s State, err error) {
@@ -219,7 +222,7 @@ func (r *runner) setState(s State, err error) {
 	defer r.mu.Unlock()
 	r.status.State = s
 	if err != nil {
-		r.status.LastError = err.Error()
+		r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 	}
 }
 
@@ -280,7 +283,7 @@ func (r *runner) loop(ctx context.Context) {
 		if len(r.status.Backoffs) > 10 {
 			r.status.Backoffs = r.status.Backoffs[1:]
 		}
-		r.status.LastError = err.Error()
+		r.status.LastError = r.sup.opts.Secrets.String(err.Error())
 		r.status.State = StateBackoff
 		if failures >= r.sup.opts.CrashLoopAfter {
 			r.status.State = StateCrashLooping
@@ -314,14 +317,21 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 	}()
 	r.setState(StateStarting, nil)
 
-	if diags := config.VerifyBinary(cfg); diags.HasErrors() {
+	// The binary is checked and hashed through the descriptor it then
+	// runs from, so nothing swapped in at its path afterwards ever runs.
+	bin, diags := config.OpenBinary(cfg)
+	if diags.HasErrors() {
 		return false, configErr{errors.New(config.Format(diags))}
 	}
 	stderr := &tailBuffer{max: 8 << 10}
-	client := goplugin.NewClient(r.clientConfig(cfg, stderr))
+	client := goplugin.NewClient(r.clientConfig(cfg, bin, stderr))
 	defer client.Kill()
 
 	rpcClient, err := client.Client()
+	if bin != nil {
+		// Started (or failed to): the child holds its own copy.
+		bin.Close()
+	}
 	if err != nil {
 		client.Kill() // reap the process and drain its stderr before quoting it
 		return false, handshakeError(cfg, err, stderr.String())
@@ -367,7 +377,7 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 		var cerr configErr
 		switch {
 		case err == nil:
-			r.commit(cur, js)
+			r.commit(cur, js, schema)
 			accepted = true
 		case accepted && errors.As(err, &cerr):
 			// A newer block was refused; the process keeps the one it
@@ -449,6 +459,7 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 			}
 			return sess.SnapshotDone(), fmt.Errorf("plugin %q: watch: %w", cfg.Label, err)
 		}
+		r.redactHealth(b)
 		sess.ApplyBatch(b)
 		if b.SnapshotDone || b.InstanceSetComplete {
 			r.mu.Lock()
@@ -456,6 +467,28 @@ func (r *runner) runOnce(ctx context.Context, g generation) (healthy bool, err e
 			r.status.InstanceSetComplete = r.status.InstanceSetComplete || b.InstanceSetComplete
 			r.mu.Unlock()
 		}
+	}
+}
+
+// redactHealth removes sensitive values and URL credentials from the
+// health messages in b before the replica keeps them for /readyz and
+// /debug/syncz. The SDK already does this in the plugin; a plugin built
+// otherwise, or a value it learnt elsewhere, is caught here.
+func (r *runner) redactHealth(b *pluginclient.Batch) {
+	sec := r.sup.opts.Secrets
+	clean := func(h *sdk.InstanceHealth) {
+		if h == nil {
+			return
+		}
+		h.Message = sec.String(h.Message)
+		for i := range h.Notices {
+			h.Notices[i].Subject = sec.String(h.Notices[i].Subject)
+			h.Notices[i].Message = sec.String(h.Notices[i].Message)
+		}
+	}
+	clean(b.PluginHealth)
+	for i := range b.Events {
+		clean(b.Events[i].Health)
 	}
 }
 
@@ -468,11 +501,15 @@ func (r *runner) configureChecked(ctx context.Context, pc *pluginclient.Client, 
 	if diags.HasErrors() {
 		return nil, configErr{fmt.Errorf("plugin %q: config does not match its schema:\n%s", cfg.Label, config.Format(diags))}
 	}
+	// From now on the block's sensitive values are redacted from the
+	// host's log, the plugin's forwarded log and its health messages.
+	r.sup.opts.Secrets.Add(schema.SensitiveValues(js)...)
 	cctx, cancel := context.WithTimeout(ctx, r.sup.opts.CallTimeout)
 	defer cancel()
 	resp, err := pc.Configure(cctx, &pluginclient.ConfigureRequest{
 		ConfigJSON: js,
-		Mesh:       sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network},
+		Mesh: sdk.MeshSettings{DomainSuffix: g.mesh.DomainSuffix, ClusterID: g.mesh.ClusterID, Network: g.mesh.Network,
+			HostAddresses: r.sup.hostAddresses()},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("plugin %q: configure: %w", cfg.Label, err)
@@ -544,7 +581,7 @@ func (r *runner) update(ctx context.Context, cfg *config.Plugin, mesh config.Mes
 		r.mu.Unlock()
 		return nil
 	}
-	r.commit(g, js)
+	r.commit(g, js, schema)
 	return nil
 }
 
@@ -564,25 +601,30 @@ func drain(ch chan struct{}) {
 	}
 }
 
-func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.ClientConfig {
+// clientConfig is how go-plugin starts cfg: an external plugin from bin,
+// its binary as OpenBinary checked it, a bundled one from the host's own
+// image; either with pluginEnv as its whole environment.
+func (r *runner) clientConfig(cfg *config.Plugin, bin *os.File, stderr io.Writer) *goplugin.ClientConfig {
 	var cmd *exec.Cmd
-	var secure *goplugin.SecureConfig
 	if cfg.External() {
 		cmd = exec.Command(cfg.Path, cfg.Args...)
-		secure = secureConfig(cfg.SHA256)
+		execFromFile(cmd, bin)
 	} else {
-		cmd = exec.Command(r.sup.opts.Self, append([]string{"plugin", cfg.Bundled}, cfg.Args...)...)
+		self := r.sup.opts.Self
+		cmd = exec.Command(self, append([]string{"plugin", cfg.Bundled}, cfg.Args...)...)
+		if exe, err := os.Executable(); err == nil && exe == self {
+			cmd.Path = runningImage(self)
+		}
 	}
-	cmd.Env = os.Environ()
-	for k, v := range cfg.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
+	cmd.Env = pluginEnv(os.Environ(), cfg.Env)
 	dieWithParent(cmd)
 	return &goplugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: pluginclient.PluginSet()},
 		Cmd:              cmd,
-		SecureConfig:     secure,
+		// go-plugin would append the host's whole environment after
+		// ours, overriding the plugin's env block with it.
+		SkipHostEnv:      true,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		StartTimeout:     r.sup.opts.StartTimeout,
@@ -590,6 +632,39 @@ func (r *runner) clientConfig(cfg *config.Plugin, stderr io.Writer) *goplugin.Cl
 		Stderr:           stderr,
 		GRPCDialOptions:  sdk.ClientDialOptions(),
 	}
+}
+
+// inheritedEnv are the variables of the host's environment a plugin
+// inherits: where to find programs and temporary files, locale and time
+// zone, the system's CA bundle, the Go runtime's knobs, and the address a
+// pod's in-cluster client config reads. Nothing that commonly carries a
+// credential (CONSUL_HTTP_TOKEN, AWS_*, proxies with user:pass@) passes;
+// a plugin that needs such a variable gets it from its env block.
+var inheritedEnv = []string{
+	"PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "LANG", "LANGUAGE", "TZ",
+	"SSL_CERT_FILE", "SSL_CERT_DIR",
+	"GOMAXPROCS", "GOMEMLIMIT", "GOGC", "GODEBUG", "GOTRACEBACK", "GOCOVERDIR",
+	"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+}
+
+// pluginEnv is a plugin's environment: the allowed variables of the
+// host's (inheritedEnv, and LC_*), then the plugin's env block, which wins
+// over them. go-plugin adds its handshake variables after these.
+func pluginEnv(host []string, own map[string]string) []string {
+	var env []string
+	for _, kv := range host {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, set := own[k]; set {
+			continue
+		}
+		if slices.Contains(inheritedEnv, k) || strings.HasPrefix(k, "LC_") {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(own)) {
+		env = append(env, k+"="+own[k])
+	}
+	return env
 }
 
 // handshakeError explains a failed start in the operator's terms. Failures

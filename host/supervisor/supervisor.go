@@ -2,24 +2,24 @@ package supervisor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/host/replica"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // Options tune the supervisor. Zero values take the defaults.
 type Options struct {
 	// Self is the estuary executable, re-executed for bundled plugins.
+	// When it is the running executable, Linux runs /proc/self/exe
+	// instead: the image the host runs, even if the file was replaced.
 	Self string
 	// BackoffBase is the first restart delay; it doubles per consecutive
 	// failure up to BackoffMax.
@@ -35,6 +35,11 @@ type Options struct {
 	// StopTimeout bounds how long Run waits for plugins to stop once its
 	// context ends.
 	StopTimeout time.Duration
+	// Secrets learns the sensitive values of every block a plugin is
+	// configured with; the supervisor redacts them (and URL credentials)
+	// from health messages and errors it keeps, and the host's log output
+	// should go through Secrets.Writer. Nil: a set of its own.
+	Secrets *redact.Secrets
 }
 
 func (o *Options) defaults() {
@@ -59,6 +64,9 @@ func (o *Options) defaults() {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = 10 * time.Second
 	}
+	if o.Secrets == nil {
+		o.Secrets = &redact.Secrets{}
+	}
 }
 
 // Supervisor runs the plugins a config file names.
@@ -76,6 +84,25 @@ type Supervisor struct {
 	mu      sync.Mutex
 	runners map[string]*runner
 	order   []string
+	// hostAddrs are the host's own listen addresses, sent to plugins in
+	// MeshSettings.HostAddresses.
+	hostAddrs []string
+}
+
+// SetHostAddresses records the addresses the host listens on (xDS and
+// admin, as bound), which plugins learn in MeshSettings.HostAddresses, so
+// that a plugin told by a third party where to connect (a kubeconfig in
+// a Secret) refuses the host itself. Call it before Apply.
+func (s *Supervisor) SetHostAddresses(addrs []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hostAddrs = slices.Clone(addrs)
+}
+
+func (s *Supervisor) hostAddresses() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hostAddrs
 }
 
 type applyRequest struct {
@@ -261,9 +288,4 @@ func (s *Supervisor) Ready(now time.Time) (bool, []string) {
 	}
 	slices.Sort(waiting)
 	return len(waiting) == 0, waiting
-}
-
-func secureConfig(sum string) *goplugin.SecureConfig {
-	b, _ := hex.DecodeString(sum)
-	return &goplugin.SecureConfig{Checksum: b, Hash: sha256.New()}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -31,11 +32,11 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "address", Type: "string", Description: `HTTP address of the Consul agent, "host:port", "https://host:port" or "unix:///path"; default CONSUL_HTTP_ADDR, else localhost:8500, as the consul CLI`},
 	{Name: "scheme", Type: "string", Description: `"http" (default) or "https"`},
 	{Name: "datacenters", Type: "list(string)", Description: "datacenters to watch, one instance each; empty means the agent's own"},
-	{Name: "token", Type: "string", Description: "ACL token; never logged. Default CONSUL_HTTP_TOKEN"},
-	{Name: "token_file", Type: "string", Description: "file holding the ACL token, re-read when Consul answers 403"},
+	{Name: "token", Type: "string", Sensitive: true, Description: "ACL token; sensitive: never shown or logged. Default CONSUL_HTTP_TOKEN"},
+	{Name: "token_file", Type: "string", Sensitive: true, Description: "file holding the ACL token, re-read when Consul answers 403; sensitive"},
 	{Name: "ca_file", Type: "string", Description: "PEM CA bundle that signs the agent's HTTPS certificate"},
 	{Name: "cert_file", Type: "string", Description: "PEM client certificate, with key_file"},
-	{Name: "key_file", Type: "string", Description: "PEM client key, with cert_file"},
+	{Name: "key_file", Type: "string", Sensitive: true, Description: "PEM client key, with cert_file; sensitive"},
 	{Name: "server_name", Type: "string", Description: "TLS server name to verify the agent's certificate against"},
 	{Name: "namespace", Type: "string", Description: "Consul Enterprise namespace, passed through; also the services' namespace (default \"default\")"},
 	{Name: "partition", Type: "string", Description: "Consul Enterprise admin partition, passed through"},
@@ -118,6 +119,15 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 			diags.Errorf([]string{"address"}, "address must not be empty")
 		}
 		s.api.Address = *cfg.Address
+	}
+	// Credentials in the address ("https://user:pass@host:8501") become
+	// HTTP basic auth, as CONSUL_HTTP_AUTH would: the client quotes its
+	// address in every error, which must not carry them.
+	if u, err := url.Parse(s.api.Address); err == nil && u.User != nil && u.Host != "" {
+		pass, _ := u.User.Password()
+		s.api.HttpAuth = &api.HttpBasicAuth{Username: u.User.Username(), Password: pass}
+		u.User = nil
+		s.api.Address = u.String()
 	}
 	if cfg.Scheme != nil {
 		switch *cfg.Scheme {

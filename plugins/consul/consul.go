@@ -35,6 +35,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // Version of the plugin.
@@ -105,7 +106,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 	// A host reload re-sends every plugin's block. The same block, with the
 	// same token and no TLS files to re-read, keeps the running watches
 	// instead of listing everything again.
-	if c := p.cur; c != nil && c.ctx.Err() == nil && bytes.Equal(c.raw, req.ConfigJSON) && c.mesh == req.Mesh && c.s.token == s.token && s.tls == nil {
+	if c := p.cur; c != nil && c.ctx.Err() == nil && bytes.Equal(c.raw, req.ConfigJSON) && c.mesh.Equal(req.Mesh) && c.s.token == s.token && s.tls == nil {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
 	client, tr, err := newClient(s)
@@ -124,7 +125,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 	}
 	p.cur = p.start(s, client, tr)
 	p.cur.raw, p.cur.mesh = bytes.Clone(req.ConfigJSON), req.Mesh
-	p.log.Info("configured", "address", s.api.Address, "scheme", s.api.Scheme, "datacenters", s.datacenters,
+	p.log.Info("configured", "address", redact.URL(s.api.Address), "scheme", s.api.Scheme, "datacenters", s.datacenters,
 		"wait_time", s.waitTime, "health", map[bool]string{false: healthPassing, true: healthWarning}[s.warning],
 		"tag_filter", s.tagFilter, "max_watchers", s.maxWatchers, "rate_limit", s.rateLimit, "token_set", s.token != "")
 	return &sdk.ConfigureResponse{Diagnostics: diags}, nil

@@ -27,6 +27,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/istio"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // clusterSpec is what a cluster connection needs to know about its place in
@@ -117,7 +118,7 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 		id:       sdk.InstanceID{Provider: sdk.ProviderKubernetes, Cluster: spec.id},
 		state:    state,
 		log:      log.With("cluster", spec.id, "provider", sdk.ProviderKubernetes),
-		server:   rc.Host,
+		server:   redact.URL(rc.Host), // shown in logs and health: no credentials
 		done:     make(chan struct{}),
 		synced:   make(chan struct{}),
 		active:   make(chan struct{}),
@@ -193,11 +194,11 @@ func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, erro
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, observe: observe} })
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", rc.Host, err)
+		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
 	cs, err := kubeclient.NewForConfigAndClient(rc, hc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", rc.Host, err)
+		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
 	return cs, hc, dialer, nil
 }

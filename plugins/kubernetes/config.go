@@ -37,7 +37,7 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "discovery_namespaces", Type: "list(string)", Description: "label selectors; a namespace matching any is watched; empty means all"},
 	{Name: "remote_sync_timeout", Type: sdk.TypeDuration, Description: `how long readiness waits for a remote cluster, and a rotated kubeconfig, to sync; default "30s"`},
 	{Name: "allow_kubeconfig_options", Type: "list(string)", Description: "kubeconfig features remote secrets may use: " + strings.Join(kubeconfigOptions, ", ")},
-	{Name: "allowed_servers", Type: "list(string)", Description: "CIDRs or host names (*.example.com) remote API servers must be in; empty means any"},
+	{Name: "allowed_servers", Type: "list(string)", Description: "CIDRs or host names (*.example.com) remote API servers must be in; empty means any but link-local and metadata addresses and the host's own listen addresses"},
 }}
 
 // config is the decoded config block; unset attributes are nil.
@@ -80,7 +80,7 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 		trustDomain:       cmp.Or(sdk.ValueOr(cfg.TrustDomain, ""), defaultTrustDomain),
 		systemNamespace:   cmp.Or(sdk.ValueOr(cfg.SecretNamespace, ""), defaultSecretNamespace),
 		remoteSyncTimeout: defaultRemoteSyncTimeout,
-		policy:            kubeconfigPolicy{allowed: map[string]bool{}},
+		policy:            kubeconfigPolicy{allowed: map[string]bool{}, hostAddrs: mesh.HostAddresses},
 	}
 	if cfg.ClusterID != nil && *cfg.ClusterID == "" {
 		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty")
@@ -112,6 +112,10 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 		}
 	}
 	for i, opt := range cfg.AllowKubeconfigOptions {
+		if opt == "auth-provider" || opt == "idp-certificate-authority" {
+			diags.Errorf([]string{"allow_kubeconfig_options", strconv.Itoa(i)}, "%q: %s", opt, noAuthProvider)
+			continue
+		}
 		if !slices.Contains(kubeconfigOptions, opt) {
 			diags.Errorf([]string{"allow_kubeconfig_options", strconv.Itoa(i)}, "unknown kubeconfig option %q (want one of %s)", opt, strings.Join(kubeconfigOptions, ", "))
 			continue

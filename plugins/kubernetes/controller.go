@@ -21,6 +21,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/istio"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // controller runs one configuration of the plugin: the primary cluster, and
@@ -282,12 +283,12 @@ func (c *controller) syncMemberLocked(secret, id string, kubeconfig []byte) stri
 	}
 	cl.start(c.ctx)
 	if m == nil {
-		c.log.Info("adding remote cluster", "cluster", id, "secret", secret, "server", rc.Host)
+		c.log.Info("adding remote cluster", "cluster", id, "secret", secret, "server", redact.URL(rc.Host))
 		c.members[id] = &member{clusterID: id, secret: secret, digest: digest, current: cl}
 		cl.activate()
 		return ""
 	}
-	c.log.Info("kubeconfig changed; syncing the new client before switching", "cluster", id, "secret", secret, "server", rc.Host)
+	c.log.Info("kubeconfig changed; syncing the new client before switching", "cluster", id, "secret", secret, "server", redact.URL(rc.Host))
 	if m.next != nil {
 		m.next.stop()
 	}

@@ -315,7 +315,7 @@ func (rec *recorder) configure(t *testing.T, config string, mesh sdk.MeshSetting
 	defer cancel()
 	resp, err := rec.rpc.Configure(ctx, &registryv1.ConfigureRequest{
 		ConfigJson: js,
-		Mesh:       &registryv1.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterId: mesh.ClusterID, Network: mesh.Network},
+		Mesh:       &registryv1.MeshSettings{DomainSuffix: mesh.DomainSuffix, ClusterId: mesh.ClusterID, Network: mesh.Network, HostAddresses: mesh.HostAddresses},
 	})
 	if err != nil {
 		t.Fatalf("Configure: %v", err)

@@ -1,13 +1,17 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
@@ -20,26 +24,51 @@ import (
 // the control plane's host, which a secret's author must not be able to
 // make it do. The names are the kubeconfig's own field names.
 const (
-	optExec                    = "exec"
-	optAuthProvider            = "auth-provider" // any provider other than oidc
-	optTokenFile               = "tokenFile"
-	optClientCertificate       = "client-certificate"
-	optClientKey               = "client-key"
-	optCertificateAuthority    = "certificate-authority"
-	optIDPCertificateAuthority = "idp-certificate-authority" // a file named in oidc's config
+	optExec                 = "exec"
+	optTokenFile            = "tokenFile"
+	optClientCertificate    = "client-certificate"
+	optClientKey            = "client-key"
+	optCertificateAuthority = "certificate-authority"
 )
 
 // kubeconfigOptions lists the values allow_kubeconfig_options accepts.
 var kubeconfigOptions = []string{
-	optExec, optAuthProvider, optTokenFile, optClientCertificate, optClientKey,
-	optCertificateAuthority, optIDPCertificateAuthority,
+	optExec, optTokenFile, optClientCertificate, optClientKey, optCertificateAuthority,
 }
+
+// noAuthProvider says why a kubeconfig's auth-provider is refused: no
+// client-go auth provider is compiled in. client-go deprecated them (the
+// gcp and azure ones are gone), and oidc's would fetch its issuer's URL,
+// which a secret's author chooses, from the control plane. A credential
+// plugin (exec) does the same job under the operator's control.
+const noAuthProvider = "no kubeconfig auth-provider is compiled into estuary; give the kubeconfig a token or a client certificate, " +
+	`or a credential plugin such as kubelogin for OIDC (users[].user.exec, with allow_kubeconfig_options = ["exec"])`
 
 // kubeconfigPolicy says what a kubeconfig from a remote secret may do.
 type kubeconfigPolicy struct {
 	allowed map[string]bool
 	// servers, if not nil, lists the API servers remote kubeconfigs may name.
 	servers *serverAllowList
+	// hostAddrs are the host's own listen addresses
+	// (MeshSettings.HostAddresses), never a remote API server.
+	hostAddrs []string
+	// localAddrs lists this machine's addresses, for a host address
+	// bound to 0.0.0.0 or ::; nil asks the kernel. Tests set it.
+	localAddrs func() []netip.Addr
+}
+
+// deniedPrefixes are never API servers or proxies, whatever
+// allowed_servers allows broadly: link-local addresses, where clouds serve
+// instance metadata and credentials (169.254.169.254, and AWS's IPv6
+// fd00:ec2::254), and the unspecified addresses, which reach this
+// machine. An allowed_servers entry inside one of them (say
+// "169.254.10.5") allows that much, for the rare cluster really there.
+var deniedPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("0.0.0.0/32"),
+	netip.MustParsePrefix("::/128"),
 }
 
 // restConfig parses a kubeconfig from a remote secret, checks it against
@@ -59,7 +88,30 @@ func (p *kubeconfigPolicy) restConfig(data []byte) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrKubeconfigRejected, err)
 	}
+	rc.Dial = p.dialer()
 	return rc, nil
+}
+
+// dialer connects the client of a remote kubeconfig, checking the address
+// it really connects to: a host name checked above only as written may
+// resolve to a metadata address or to the host itself.
+func (p *kubeconfigPolicy) dialer() func(ctx context.Context, network, address string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second,
+		Control: func(_, address string, _ syscall.RawConn) error {
+			host, port, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			ip, err := netip.ParseAddr(host)
+			if err != nil {
+				return err
+			}
+			if why := p.refusedAddr(ip, port); why != "" {
+				return fmt.Errorf("%w: connecting to %s, %s", ErrKubeconfigRejected, address, why)
+			}
+			return nil
+		}}
+	return d.DialContext
 }
 
 // check lists every forbidden feature of cfg, in a stable order.
@@ -80,11 +132,7 @@ func (p *kubeconfigPolicy) check(cfg *clientcmdapi.Config) error {
 			deny(what, optExec)
 		}
 		if ap := u.AuthProvider; ap != nil {
-			if ap.Name != "oidc" {
-				deny(fmt.Sprintf("%s (auth-provider %q)", what, ap.Name), optAuthProvider)
-			} else if ap.Config["idp-certificate-authority"] != "" {
-				deny(what+" (oidc)", optIDPCertificateAuthority)
-			}
+			errs = append(errs, fmt.Errorf("%w: %s uses auth-provider %q: %s", ErrKubeconfigRejected, what, ap.Name, noAuthProvider))
 		}
 		if u.TokenFile != "" {
 			deny(what, optTokenFile)
@@ -117,21 +165,94 @@ func (p *kubeconfigPolicy) check(cfg *clientcmdapi.Config) error {
 	return errors.Join(errs...)
 }
 
-// checkServer checks a URL the client would connect to against
-// allowed_servers. It prints only scheme, host and port: a URL may carry a
-// password.
+// checkServer checks a URL the client would connect to: never a
+// link-local or metadata address nor the host itself, and inside
+// allowed_servers when it is set. It prints only scheme, host and port: a
+// URL may carry a password.
 func (p *kubeconfigPolicy) checkServer(what, field, raw string) error {
-	if p.servers == nil {
-		return nil
-	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Hostname() == "" {
 		return fmt.Errorf("%w: %s: %s is not a URL with a host", ErrKubeconfigRejected, what, field)
 	}
-	if !p.servers.allows(u.Hostname()) {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "socks5": "1080"}[u.Scheme]
+		if port == "" {
+			port = "443"
+		}
+	}
+	var ips []netip.Addr
+	if ip, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
+		ips = []netip.Addr{ip}
+	} else if strings.EqualFold(strings.TrimSuffix(u.Hostname(), "."), "localhost") {
+		ips = []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
+	}
+	for _, ip := range ips {
+		if why := p.refusedAddr(ip, port); why != "" {
+			return fmt.Errorf("%w: %s: %s %s://%s is refused: %s", ErrKubeconfigRejected, what, field, u.Scheme, u.Host, why)
+		}
+	}
+	if p.servers != nil && !p.servers.allows(u.Hostname()) {
 		return fmt.Errorf("%w: %s: %s %s://%s is outside allowed_servers", ErrKubeconfigRejected, what, field, u.Scheme, u.Host)
 	}
 	return nil
+}
+
+// refusedAddr says why the client may not connect to ip:port, or "".
+func (p *kubeconfigPolicy) refusedAddr(ip netip.Addr, port string) string {
+	ip = ip.Unmap().WithZone("")
+	for _, d := range deniedPrefixes {
+		if d.Contains(ip) && !p.servers.allowsWithin(d, ip) {
+			return fmt.Sprintf("%s is a link-local, metadata or unspecified address (%s); list it in allowed_servers if a cluster really is there", ip, d)
+		}
+	}
+	for _, h := range p.hostAddrs {
+		if p.isHostAddr(h, ip, port) {
+			return fmt.Sprintf("%s:%s is where estuary itself listens", ip, port)
+		}
+	}
+	return ""
+}
+
+// isHostAddr reports whether ip:port reaches the host listening on
+// listen ("HOST:PORT" as bound).
+func (p *kubeconfigPolicy) isHostAddr(listen string, ip netip.Addr, port string) bool {
+	host, lport, err := net.SplitHostPort(listen)
+	if err != nil || lport != port {
+		return false
+	}
+	lip, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	lip = lip.Unmap().WithZone("")
+	if !lip.IsUnspecified() {
+		return lip == ip
+	}
+	// Bound to every address: any of this machine's reaches it.
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return true
+	}
+	local := p.localAddrs
+	if local == nil {
+		local = machineAddrs
+	}
+	return slices.Contains(local(), ip)
+}
+
+// machineAddrs lists this machine's interface addresses.
+func machineAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap().WithZone(""))
+		}
+	}
+	return out
 }
 
 // serverAllowList is allowed_servers: CIDRs (or single IPs) for servers
@@ -166,6 +287,17 @@ func parseAllowedServers(entries []string) (*serverAllowList, map[int]error) {
 		a.hosts = append(a.hosts, h)
 	}
 	return a, errs
+}
+
+// allowsWithin reports whether an entry inside the denied range d (not a
+// broader one, such as 0.0.0.0/0) allows ip.
+func (a *serverAllowList) allowsWithin(d netip.Prefix, ip netip.Addr) bool {
+	if a == nil {
+		return false
+	}
+	return slices.ContainsFunc(a.prefixes, func(p netip.Prefix) bool {
+		return p.Bits() >= d.Bits() && d.Contains(p.Addr()) && p.Contains(ip)
+	})
 }
 
 func (a *serverAllowList) allows(host string) bool {

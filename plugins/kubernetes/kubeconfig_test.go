@@ -1,7 +1,9 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -39,6 +41,7 @@ func TestKubeconfigPolicy(t *testing.T) {
 		user    string
 		allow   []string
 		servers []string
+		host    []string // the host's listen addresses
 		wantErr []string // substrings; empty means accepted
 	}{
 		{name: "token and inline CA", cluster: okCluster, user: okUser},
@@ -53,18 +56,14 @@ func TestKubeconfigPolicy(t *testing.T) {
 			user: "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/true\n      interactiveMode: Never",
 		},
 		{
-			name: "auth provider other than oidc", cluster: okCluster,
+			name: "auth provider", cluster: okCluster,
 			user:    "    auth-provider:\n      name: gcp\n      config:\n        cmd-path: /usr/bin/gcloud",
-			wantErr: []string{`user "u2" (auth-provider "gcp") uses "auth-provider"`},
+			wantErr: []string{`user "u2" uses auth-provider "gcp": no kubeconfig auth-provider is compiled into estuary`},
 		},
 		{
-			name: "oidc is allowed", cluster: okCluster,
-			user: "    auth-provider:\n      name: oidc\n      config:\n        idp-issuer-url: https://issuer.example.com\n        client-id: estuary\n        id-token: s3cr3t-id-token",
-		},
-		{
-			name: "oidc with a CA file", cluster: okCluster,
-			user:    "    auth-provider:\n      name: oidc\n      config:\n        idp-issuer-url: https://issuer.example.com\n        client-id: estuary\n        idp-certificate-authority: /etc/ca.pem",
-			wantErr: []string{`uses "idp-certificate-authority"`},
+			name: "oidc is refused with the way out", cluster: okCluster,
+			user:    "    auth-provider:\n      name: oidc\n      config:\n        idp-issuer-url: https://issuer.example.com\n        client-id: estuary\n        id-token: s3cr3t-id-token",
+			wantErr: []string{`user "u2" uses auth-provider "oidc": no kubeconfig auth-provider is compiled into estuary`, "kubelogin", `allow_kubeconfig_options = ["exec"]`},
 		},
 		{
 			name: "token file", cluster: okCluster, user: "    tokenFile: /var/run/secrets/token",
@@ -87,13 +86,66 @@ func TestKubeconfigPolicy(t *testing.T) {
 		},
 		{name: "server in an allowed CIDR", cluster: okCluster, user: okUser, servers: []string{"10.20.0.0/16"}},
 		{
-			name: "server outside allowed_servers", cluster: "    server: https://admin:pw@169.254.169.254:443", user: okUser,
+			name: "server outside allowed_servers", cluster: "    server: https://admin:pw@198.51.100.1:443", user: okUser,
 			servers: []string{"10.20.0.0/16", "*.example.com"},
-			wantErr: []string{`cluster "c2": server https://169.254.169.254:443 is outside allowed_servers`},
+			wantErr: []string{`cluster "c2": server https://198.51.100.1:443 is outside allowed_servers`},
 		},
 		{
 			name: "server by host name", cluster: "    server: https://api.c2.example.com:6443", user: okUser,
 			servers: []string{"10.20.0.0/16", "*.example.com"},
+		},
+		{
+			name: "metadata address by default", cluster: "    server: https://admin:pw@169.254.169.254", user: okUser,
+			wantErr: []string{`cluster "c2": server https://169.254.169.254 is refused: 169.254.169.254 is a link-local, metadata or unspecified address (169.254.0.0/16)`},
+		},
+		{
+			name: "broad allowed_servers do not lift the default", cluster: "    server: https://169.254.169.254", user: okUser,
+			servers: []string{"0.0.0.0/0"},
+			wantErr: []string{"169.254.169.254 is a link-local, metadata or unspecified address"},
+		},
+		{
+			name: "an allowed_servers entry inside link-local lifts it", cluster: "    server: https://169.254.10.5:6443", user: okUser,
+			servers: []string{"169.254.10.5"},
+		},
+		{
+			name: "IPv6 link-local", cluster: "    server: https://[fe80::1%25eth0]:6443", user: okUser,
+			wantErr: []string{"fe80::1 is a link-local"},
+		},
+		{
+			name: "AWS IPv6 metadata", cluster: "    server: https://[fd00:ec2::254]", user: okUser,
+			wantErr: []string{"fd00:ec2::254 is a link-local, metadata"},
+		},
+		{
+			name: "IPv4-mapped metadata", cluster: "    server: https://[::ffff:169.254.169.254]", user: okUser,
+			wantErr: []string{"169.254.169.254 is a link-local"},
+		},
+		{
+			name: "proxy at the metadata address", cluster: okCluster + "\n    proxy-url: http://169.254.169.254:80", user: okUser,
+			wantErr: []string{`proxy-url http://169.254.169.254:80 is refused`},
+		},
+		{
+			name: "the host's admin port", cluster: "    server: https://127.0.0.1:15014", user: okUser,
+			host:    []string{"127.0.0.1:15010", "127.0.0.1:15014"},
+			wantErr: []string{"server https://127.0.0.1:15014 is refused: 127.0.0.1:15014 is where estuary itself listens"},
+		},
+		{
+			name: "the host's admin port by name", cluster: "    server: https://localhost:15014", user: okUser,
+			host:    []string{"127.0.0.1:15014"},
+			wantErr: []string{"127.0.0.1:15014 is where estuary itself listens"},
+		},
+		{
+			name: "the host bound everywhere, by a machine address", cluster: "    server: https://192.0.2.44:15010", user: okUser,
+			host:    []string{"0.0.0.0:15010", "[::]:15014"},
+			wantErr: []string{"192.0.2.44:15010 is where estuary itself listens"},
+		},
+		{
+			name: "the host bound everywhere, by loopback", cluster: "    server: http://127.0.0.1:15014", user: okUser,
+			host:    []string{"0.0.0.0:15010", "[::]:15014"},
+			wantErr: []string{"127.0.0.1:15014 is where estuary itself listens"},
+		},
+		{
+			name: "another port of the host's address", cluster: "    server: https://127.0.0.1:6443", user: okUser,
+			host: []string{"127.0.0.1:15014", "0.0.0.0:15010"},
 		},
 		{
 			name: "proxy outside allowed_servers", cluster: okCluster + "\n    proxy-url: http://198.51.100.9:3128", user: okUser,
@@ -103,7 +155,8 @@ func TestKubeconfigPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := kubeconfigPolicy{allowed: map[string]bool{}}
+			p := kubeconfigPolicy{allowed: map[string]bool{}, hostAddrs: tt.host,
+				localAddrs: func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("192.0.2.44")} }}
 			for _, a := range tt.allow {
 				p.allowed[a] = true
 			}
@@ -141,6 +194,26 @@ func TestKubeconfigPolicy(t *testing.T) {
 				t.Errorf("error %v does not wrap ErrKubeconfigRejected", err)
 			}
 		})
+	}
+}
+
+// TestKubeconfigDialChecksTheRealAddress: a host name that passes the
+// check as written is checked again where the client connects, so a name
+// that resolves to the metadata address or the host itself is refused.
+func TestKubeconfigDialChecksTheRealAddress(t *testing.T) {
+	p := kubeconfigPolicy{allowed: map[string]bool{}, hostAddrs: []string{"127.0.0.1:15014"}}
+	rc, err := p.restConfig([]byte(kubeconfigYAML("    server: https://localhost:6443\n    certificate-authority-data: Y2E=", okUser)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"169.254.169.254:80", "127.0.0.1:15014"} {
+		conn, err := rc.Dial(context.Background(), "tcp", addr)
+		if err == nil {
+			conn.Close()
+		}
+		if !errors.Is(err, ErrKubeconfigRejected) {
+			t.Errorf("dial %s = %v, want it refused", addr, err)
+		}
 	}
 }
 

@@ -197,7 +197,7 @@ func PathRange(body hcl.Body, path []string) hcl.Range {
 func FromProto(p *registryv1.Schema) *sdk.Schema {
 	s := &sdk.Schema{}
 	for _, a := range p.GetAttributes() {
-		s.Attributes = append(s.Attributes, sdk.Attribute{Name: a.GetName(), Type: a.GetType(), Required: a.GetRequired(), Description: a.GetDescription()})
+		s.Attributes = append(s.Attributes, sdk.Attribute{Name: a.GetName(), Type: a.GetType(), Required: a.GetRequired(), Description: a.GetDescription(), Sensitive: a.GetSensitive()})
 	}
 	for _, b := range p.GetBlocks() {
 		s.Blocks = append(s.Blocks, sdk.Block{

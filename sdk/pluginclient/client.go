@@ -138,7 +138,8 @@ type ConfigureResponse struct {
 func (c *Client) Configure(ctx context.Context, req *ConfigureRequest) (*ConfigureResponse, error) {
 	resp, err := c.rpc.Configure(ctx, &registryv1.ConfigureRequest{
 		ConfigJson: req.ConfigJSON,
-		Mesh:       &registryv1.MeshSettings{DomainSuffix: req.Mesh.DomainSuffix, ClusterId: req.Mesh.ClusterID, Network: req.Mesh.Network},
+		Mesh: &registryv1.MeshSettings{DomainSuffix: req.Mesh.DomainSuffix, ClusterId: req.Mesh.ClusterID, Network: req.Mesh.Network,
+			HostAddresses: req.Mesh.HostAddresses},
 	})
 	if err != nil {
 		return nil, err

@@ -29,7 +29,7 @@ func explain(args []string) int {
 	fs := flag.NewFlagSet("explain endpoint", flag.ContinueOnError)
 	node := fs.String("node", "", "node id of a connected client (see /debug/adsz)")
 	cluster := fs.String("cluster", "", "cluster, e.g. outbound|8080||echo.default.svc.cluster.local")
-	admin := fs.String("admin", "127.0.0.1:15014", "admin address of the running estuary")
+	admin := adminFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -39,7 +39,7 @@ func explain(args []string) int {
 		return 2
 	}
 	q := url.Values{"explain": {*cluster}, "node": {*node}}
-	body, err := adminGet(*admin, "/debug/networkz", q)
+	body, err := admin.get("/debug/networkz", q)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/estuary-mesh/estuary/host/config"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // inProcess builds `estuary run` in the test's process over plugins (plugin
@@ -31,7 +32,7 @@ func inProcess(t *testing.T, plugins string) (*server, *syncBuffer) {
 		t.Fatal(config.Format(diags))
 	}
 	log := &syncBuffer{}
-	srv, err := newServer(path, file, estuaryBin, hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.Debug, Output: log}))
+	srv, err := newServer(path, file, estuaryBin, hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.Debug, Output: log}), &redact.Secrets{})
 	if err != nil {
 		t.Fatal(err)
 	}

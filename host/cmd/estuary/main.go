@@ -77,6 +77,9 @@ commands:
   explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR]
                            why a node gets those endpoints: network rules,
                            gateways, weights
+                           (both take --admin-token-file, --admin-ca-file,
+                           --admin-cert-file and --admin-key-file for an
+                           admin server with token_file or tls)
   version                  print the version
 `)
 }

@@ -21,7 +21,7 @@ func proxyConfig(args []string) int {
 	fs := flag.NewFlagSet("proxy-config endpoints", flag.ContinueOnError)
 	node := fs.String("node", "", "node id of a connected client (see /debug/adsz)")
 	cluster := fs.String("cluster", "", "only this cluster, e.g. outbound|8080||echo.default.svc.cluster.local")
-	admin := fs.String("admin", "127.0.0.1:15014", "admin address of the running estuary")
+	admin := adminFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -34,7 +34,7 @@ func proxyConfig(args []string) int {
 	if *cluster != "" {
 		q.Set("cluster", *cluster)
 	}
-	body, err := adminGet(*admin, "/debug/proxyendpointz", q)
+	body, err := admin.get("/debug/proxyendpointz", q)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -27,6 +27,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 	"github.com/estuary-mesh/estuary/xds"
 )
 
@@ -38,12 +39,18 @@ func runHost(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: os.Stderr})
+	// Every log line, the plugins' forwarded ones included, loses the
+	// plugins' sensitive values and URL credentials on its way out.
+	secrets := &redact.Secrets{}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: secrets.Writer(os.Stderr)})
 
 	file, diags := load(*path)
 	if diags.HasErrors() {
 		fmt.Fprint(os.Stderr, config.Format(diags))
 		return 1
+	}
+	if len(diags) > 0 { // warnings, such as an admin server with insecure = true
+		logger.Warn("configuration warnings", "warnings", "\n"+config.Format(diags))
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -56,14 +63,18 @@ func runHost(args []string) int {
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
 
-	h, err := newServer(*path, file, self, logger)
+	h, err := newServer(*path, file, self, logger, secrets)
 	if err != nil {
 		logger.Error("cannot start", "error", err)
 		return 1
 	}
 	if err := h.run(context.Background(), signals, func() {
-		fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on http://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
-			Version, h.xdsAddr, h.adminAddr, len(file.Plugins))
+		adminScheme := "http"
+		if file.Admin.TLS != nil {
+			adminScheme = "https"
+		}
+		fmt.Fprintf(os.Stderr, "estuary %s: xDS (ADS) on %s; admin on %s://%s (/readyz, /metrics, /debug/registryz); %d plugin(s)\n",
+			Version, h.xdsAddr, adminScheme, h.adminAddr, len(file.Plugins))
 	}); err != nil {
 		return 1
 	}
@@ -114,7 +125,7 @@ type component struct {
 
 // newServer builds the host for file and binds its listeners; nothing runs
 // until run.
-func newServer(path string, file *config.File, self string, logger hclog.Logger) (*server, error) {
+func newServer(path string, file *config.File, self string, logger hclog.Logger, secrets *redact.Secrets) (*server, error) {
 	h := &server{logger: logger, path: path, current: file}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -128,7 +139,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 		default:
 		}
 	})
-	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self}, logger, store, reg)
+	h.sup = supervisor.NewSupervisor(supervisor.Options{Self: self, Secrets: secrets}, logger, store, reg)
 	agg := aggregate.New(store, reg)                     // follows the store
 	h.nets = network.New(agg, logger, network.Options{}) // follows the aggregate
 	netCfg, _ := loadNetworks(file)                      // load validated it
@@ -144,6 +155,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 		Gatherer: reg, Aggregate: agg, Supervisor: h.sup,
 		Config: h.effectiveConfig, Failed: h.failures.list,
 		Warnings: func() []string { return xdsWarnings(file.XDS) },
+		Security: file.Admin, // token, TLS, connection limit
 	})
 	for _, w := range xdsWarnings(file.XDS) {
 		logger.Warn("INSECURE: " + w)
@@ -160,6 +172,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger)
 	if h.adminAddr, err = h.admin.Listen(file.Admin.Listen); err != nil {
 		return nil, err
 	}
+	h.sup.SetHostAddresses([]string{h.xdsAddr.String(), h.adminAddr.String()})
 	h.components = []component{
 		{"supervisor", h.sup.Run},
 		{"network", h.nets.Run},
@@ -328,38 +341,4 @@ func (f *failures) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.why)
-}
-
-// effectiveConfig is /debug/configz: the file as the host understood it,
-// with defaults filled in and each plugin's decoded config block. A plugin
-// shows the block it runs, as running returns it; "running" is false
-// until it accepted one, and "file" holds the file's block while the
-// plugin runs an earlier one (it refused the file's, or has not taken it
-// yet).
-func effectiveConfig(f *config.File, running func(label string) (*config.Plugin, bool)) any {
-	type pluginView struct {
-		*config.Plugin
-		Config  any         `json:"config"`
-		Running bool        `json:"running"`
-		File    *pluginView `json:"file,omitempty"`
-	}
-	plugins := make([]pluginView, 0, len(f.Plugins))
-	for _, p := range f.Plugins {
-		v := pluginView{Plugin: p, Config: rawJSON(p.ConfigJSON)}
-		if run, latest := running(p.Label); run != nil {
-			if !latest {
-				file := v
-				v.File = &file
-			}
-			v.Plugin, v.Config, v.Running = run, rawJSON(run.ConfigJSON), true
-		}
-		plugins = append(plugins, v)
-	}
-	return map[string]any{
-		"file":    f.Filename,
-		"mesh":    f.Mesh,
-		"xds":     f.XDS,
-		"admin":   f.Admin,
-		"plugins": plugins,
-	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
 // load reads and fully validates a config file: HCL, host blocks, bundled
@@ -30,8 +31,22 @@ func validated(f *config.File, diags hcl.Diagnostics) (*config.File, hcl.Diagnos
 	if f != nil {
 		_, d := loadNetworks(f)
 		diags = append(diags, d...)
+		redactDiagnostics(f, diags)
 	}
 	return f, diags
+}
+
+// redactDiagnostics removes the file's sensitive values (the attributes
+// plugins' schemas mark sensitive) and URL credentials from diags, which
+// `estuary validate`, a failed start and a rejected reload print.
+func redactDiagnostics(f *config.File, diags hcl.Diagnostics) {
+	secrets := &redact.Secrets{}
+	for _, p := range f.Plugins {
+		secrets.Add(p.SensitiveValues()...)
+	}
+	for _, d := range diags {
+		d.Summary, d.Detail = secrets.String(d.Summary), secrets.String(d.Detail)
+	}
 }
 
 func validate(args []string) int {

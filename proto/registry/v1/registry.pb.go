@@ -571,7 +571,14 @@ type Attribute struct {
 	// required attributes must be set.
 	Required bool `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
 	// description is shown to operators in `estuary plugins`.
-	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	// sensitive marks a credential (a token, a password, a file that holds
+	// one): the host passes its value to the plugin in ConfigureRequest and
+	// nowhere else. /debug/configz shows "(sensitive)" instead, and logs,
+	// health messages and `estuary validate` never quote it. A block's
+	// attributes are marked one by one; marking is how a plugin's own
+	// schema tells the host what to hide.
+	Sensitive     bool `protobuf:"varint,5,opt,name=sensitive,proto3" json:"sensitive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +639,13 @@ func (x *Attribute) GetDescription() string {
 		return x.Description
 	}
 	return ""
+}
+
+func (x *Attribute) GetSensitive() bool {
+	if x != nil {
+		return x.Sensitive
+	}
+	return false
 }
 
 // Block is a nested block type of a schema.
@@ -784,7 +798,13 @@ type MeshSettings struct {
 	// cluster_id is the host's own cluster ID, "Kubernetes" by default.
 	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// network is the host's default network, empty if unset.
-	Network       string `protobuf:"bytes,3,opt,name=network,proto3" json:"network,omitempty"`
+	Network string `protobuf:"bytes,3,opt,name=network,proto3" json:"network,omitempty"`
+	// host_addresses are the addresses the host itself listens on (its xDS
+	// and admin servers, "HOST:PORT" as bound; a host of 0.0.0.0 or :: means
+	// every address of the machine). A plugin that connects where a
+	// third party tells it to (a kubeconfig from a Secret) refuses these, so
+	// that nobody can aim the host at its own admin port.
+	HostAddresses []string `protobuf:"bytes,4,rep,name=host_addresses,json=hostAddresses,proto3" json:"host_addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -838,6 +858,13 @@ func (x *MeshSettings) GetNetwork() string {
 		return x.Network
 	}
 	return ""
+}
+
+func (x *MeshSettings) GetHostAddresses() []string {
+	if x != nil {
+		return x.HostAddresses
+	}
+	return nil
 }
 
 // ConfigureResponse reports the outcome of Configure.
@@ -2582,12 +2609,13 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"attributes\x18\x01 \x03(\v2\x1e.estuary.registry.v1.AttributeR\n" +
 	"attributes\x122\n" +
-	"\x06blocks\x18\x02 \x03(\v2\x1a.estuary.registry.v1.BlockR\x06blocks\"q\n" +
+	"\x06blocks\x18\x02 \x03(\v2\x1a.estuary.registry.v1.BlockR\x06blocks\"\x8f\x01\n" +
 	"\tAttribute\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
 	"\brequired\x18\x03 \x01(\bR\brequired\x12 \n" +
-	"\vdescription\x18\x04 \x01(\tR\vdescription\"\xc7\x01\n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12\x1c\n" +
+	"\tsensitive\x18\x05 \x01(\bR\tsensitive\"\xc7\x01\n" +
 	"\x05Block\x12\x1b\n" +
 	"\ttype_name\x18\x01 \x01(\tR\btypeName\x12\x16\n" +
 	"\x06labels\x18\x02 \x03(\tR\x06labels\x126\n" +
@@ -2597,12 +2625,13 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x10ConfigureRequest\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x125\n" +
-	"\x04mesh\x18\x02 \x01(\v2!.estuary.registry.v1.MeshSettingsR\x04mesh\"l\n" +
+	"\x04mesh\x18\x02 \x01(\v2!.estuary.registry.v1.MeshSettingsR\x04mesh\"\x93\x01\n" +
 	"\fMeshSettings\x12#\n" +
 	"\rdomain_suffix\x18\x01 \x01(\tR\fdomainSuffix\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x18\n" +
-	"\anetwork\x18\x03 \x01(\tR\anetwork\"V\n" +
+	"\anetwork\x18\x03 \x01(\tR\anetwork\x12%\n" +
+	"\x0ehost_addresses\x18\x04 \x03(\tR\rhostAddresses\"V\n" +
 	"\x11ConfigureResponse\x12A\n" +
 	"\vdiagnostics\x18\x01 \x03(\v2\x1f.estuary.registry.v1.DiagnosticR\vdiagnostics\"\x8d\x01\n" +
 	"\n" +
