@@ -125,9 +125,15 @@ type streamInfo struct {
 	// identity is the client's SPIFFE ID, when its certificate has one.
 	identity    model.Identity
 	hasIdentity bool
+	// own is what only the stream's goroutine reads and writes.
+	own *streamOwn
+}
+
+// streamOwn is the part of a stream's state that only its own goroutine
+// (go-control-plane's request loop) touches, so it needs no lock.
+type streamOwn struct {
 	// node is the node the view was taken from; unknown holds the type
-	// URLs asked for that Estuary does not serve. Only the stream's own
-	// goroutine touches either.
+	// URLs asked for that Estuary does not serve.
 	node    *corev3.Node
 	unknown map[string]struct{}
 }
@@ -218,7 +224,7 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 	s.cache.maxViews, s.cache.maxNames = opts.Limits.MaxViews, opts.Limits.MaxResourceNames
 	s.cache.onRefuse = func(limit string) { s.metrics.limited.WithLabelValues(limit).Inc() }
 	s.streamLimit = &streamLimiter{max: opts.Limits.MaxStreamsPerConnection, live: map[string]int{},
-		refused: func(a net.Addr) { s.refusedByLimit(limitStreams, a) }}
+		refused: func(a net.Addr) { s.refusedByLimit(limitStreams, clientKey(a)) }}
 	s.cache.onFull = s.responseFull
 	if opts.Ready != nil {
 		s.cache.Hold()
@@ -259,7 +265,7 @@ func (s *Server) Listen() (net.Addr, error) {
 		return nil, fmt.Errorf("xds: listen %s: %w", s.opts.Listen, err)
 	}
 	s.ln = &limitListener{Listener: ln, max: int64(s.opts.Limits.MaxConnections),
-		refused: func(a net.Addr) { s.refusedByLimit(limitConnections, a) }}
+		refused: func(a net.Addr) { s.refusedByLimit(limitConnections, clientKey(a)) }}
 	return ln.Addr(), nil
 }
 
@@ -267,11 +273,11 @@ func (s *Server) Listen() (net.Addr, error) {
 func (s *Server) identities() bool { return s.opts.TLS != nil && s.opts.TLS.ClientCAFile != "" }
 
 // refusedByLimit counts a refusal and warns, at most every ten seconds
-// per client host.
-func (s *Server) refusedByLimit(limit string, a net.Addr) {
+// per client (its host, or its node).
+func (s *Server) refusedByLimit(limit, client string) {
 	s.metrics.limited.WithLabelValues(limit).Inc()
-	if ok, held := s.warn.allow("limit " + limit + " " + clientKey(a)); ok {
-		s.logger.Warn("xDS client refused by a limit", "limit", "max_"+limit, "client", clientKey(a), "unlogged_since_last", held)
+	if ok, held := s.warn.allow("limit " + limit + " " + client); ok {
+		s.logger.Warn("xDS client refused by a limit", "limit", "max_"+limit, "client", client, "unlogged_since_last", held)
 	}
 }
 
@@ -514,7 +520,7 @@ func typeName(url string) string {
 func (s *Server) callbacks() serverv3.Callbacks {
 	open := func(delta bool) func(context.Context, int64, string) error {
 		return func(ctx context.Context, id int64, _ string) error {
-			si := &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}}
+			si := &streamInfo{ID: id, Delta: delta, Since: time.Now(), Types: map[string]*typeInfo{}, own: &streamOwn{}}
 			if s.identities() {
 				ident, ok, err := peerIdentity(ctx)
 				if !ok {
@@ -594,23 +600,24 @@ func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, n
 	if si == nil {
 		return nil
 	}
-	// Only this stream's goroutine writes si's node, view and unknown
-	// fields, so they are read here without the lock.
-	if !si.parsed || (node != nil && node != si.node) {
+	// Only this stream's goroutine writes si.parsed and si.own, so they
+	// are read here without the lock.
+	own := si.own
+	if !si.parsed || (node != nil && node != own.node) {
 		if err := s.admit(si, node); err != nil {
 			return err
 		}
 	}
 	if _, ok := typeOf(typeURL); !ok {
-		if _, seen := si.unknown[typeURL]; !seen {
-			if len(si.unknown) >= s.opts.Limits.MaxUnknownTypes {
-				s.refusedByLimit(limitUnknownTypes, nil)
-				return errLimit(limitUnknownTypes, "the stream asked for %d type URLs Estuary does not serve", len(si.unknown)+1)
+		if _, seen := own.unknown[typeURL]; !seen {
+			if len(own.unknown) >= s.opts.Limits.MaxUnknownTypes {
+				s.refusedByLimit(limitUnknownTypes, si.Node)
+				return errLimit(limitUnknownTypes, "the stream asked for %d type URLs Estuary does not serve", len(own.unknown)+1)
 			}
-			if si.unknown == nil {
-				si.unknown = map[string]struct{}{}
+			if own.unknown == nil {
+				own.unknown = map[string]struct{}{}
 			}
-			si.unknown[typeURL] = struct{}{}
+			own.unknown[typeURL] = struct{}{}
 		}
 	}
 	s.nodesMu.Lock()
@@ -646,7 +653,7 @@ func (s *Server) admit(si *streamInfo, node *corev3.Node) error {
 		if n.ID != si.Node || v != si.view {
 			return s.deny(&denial{claimNode, fmt.Sprintf("node %q (view %s) changed to %q (view %s) within a stream; open a new stream", si.Node, si.view, n.ID, v)}, si.Node)
 		}
-		si.node = node
+		si.own.node = node
 		return nil
 	}
 	if si.hasIdentity {
@@ -661,8 +668,9 @@ func (s *Server) admit(si *streamInfo, node *corev3.Node) error {
 		return err
 	}
 	s.nodesMu.Lock()
-	si.Node, si.Kind, si.view, si.View, si.parsed, si.node = n.ID, n.Kind.String(), v, v.String(), true, node
+	si.Node, si.Kind, si.view, si.View, si.parsed = n.ID, n.Kind.String(), v, v.String(), true
 	s.nodesMu.Unlock()
+	si.own.node = node
 	return nil
 }
 

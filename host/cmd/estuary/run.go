@@ -300,7 +300,7 @@ func (h *server) reload() {
 	if next.XDS.MaxConnectionAge != file.XDS.MaxConnectionAge || next.XDS.DrainGrace != file.XDS.DrainGrace {
 		h.logger.Warn("xds max_connection_age and drain_grace change only on restart")
 	}
-	if !reflect.DeepEqual(xdsOptions(next.XDS), xdsOptions(file.XDS)) {
+	if a, b := xdsOptions(next.XDS), xdsOptions(file.XDS); !reflect.DeepEqual([]any{a.TLS, a.Policy, a.Limits}, []any{b.TLS, b.Policy, b.Limits}) {
 		h.logger.Warn("xds tls, authorize and limits change only on restart (the TLS files' contents reload by themselves)")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
