@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
@@ -55,5 +57,29 @@ func TestConfigzShowsTheRunningBlock(t *testing.T) {
 				t.Errorf("configz plugin = %s", b)
 			}
 		})
+	}
+}
+
+// TestConfigzHidesSecretsAndReadsDurations: configz writes durations as
+// plugins.hcl does, hides sensitive attributes and env values, and strips
+// URL credentials.
+func TestConfigzHidesSecretsAndReadsDurations(t *testing.T) {
+	schema := &sdk.Schema{Attributes: []sdk.Attribute{{Name: "token", Sensitive: true}, {Name: "address"}}}
+	p := &config.Plugin{Label: "c", Bundled: "consul", SyncTimeout: 45 * time.Second, Env: map[string]string{"CONSUL_HTTP_TOKEN": "env-secret-1"},
+		ConfigJSON: []byte(`{"token":"tok-secret-2","address":"https://u:pw-secret-3@h:8501"}`), Schema: schema}
+	f := &config.File{XDS: config.XDS{DebounceAfter: 100 * time.Millisecond, MaxConnectionAge: 30 * time.Minute}, Plugins: []*config.Plugin{p}}
+	b, err := json.Marshal(effectiveConfig(f, func(string) (*config.Plugin, bool) { return nil, false }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(b)
+	for _, want := range []string{`"debounce_after":"100ms"`, `"max_connection_age":"30m0s"`, `"sync_timeout":"45s"`,
+		`"token":"(sensitive)"`, `"address":"https://redacted@h:8501"`, `"env":["CONSUL_HTTP_TOKEN=(redacted)"]`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("configz lacks %s:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "secret") {
+		t.Errorf("configz shows a secret:\n%s", got)
 	}
 }
