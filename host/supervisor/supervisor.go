@@ -18,6 +18,8 @@ import (
 // Options tune the supervisor. Zero values take the defaults.
 type Options struct {
 	// Self is the estuary executable, re-executed for bundled plugins.
+	// When it is the running executable, Linux runs /proc/self/exe
+	// instead: the image the host runs, even if the file was replaced.
 	Self string
 	// BackoffBase is the first restart delay; it doubles per consecutive
 	// failure up to BackoffMax.
