@@ -111,12 +111,13 @@ func TestDescribeAndConfigure(t *testing.T) {
 	}
 
 	resp, err := c.Configure(ctx, &pluginclient.ConfigureRequest{ConfigJSON: []byte(`{"port":80}`),
-		Mesh: sdk.MeshSettings{DomainSuffix: "example.org", ClusterID: "c9", Network: "n9"}})
+		Mesh: sdk.MeshSettings{DomainSuffix: "example.org", ClusterID: "c9", Network: "n9", HostAddresses: []string{"127.0.0.1:15014"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got.GetConfigJson()) != `{"port":80}` || got.GetMesh().GetDomainSuffix() != "example.org" ||
-		got.GetMesh().GetClusterId() != "c9" || got.GetMesh().GetNetwork() != "n9" {
+		got.GetMesh().GetClusterId() != "c9" || got.GetMesh().GetNetwork() != "n9" ||
+		len(got.GetMesh().GetHostAddresses()) != 1 || got.GetMesh().GetHostAddresses()[0] != "127.0.0.1:15014" {
 		t.Errorf("plugin received %v", got)
 	}
 	wantDiags := sdk.Diagnostics{{Severity: sdk.SeverityWarning, Summary: "odd", Detail: "very", Path: []string{"port"}}}
