@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 
@@ -83,7 +82,7 @@ func decodeAdmin(b *hcl.Block, a *Admin) hcl.Diagnostics {
 			}
 		}
 	}
-	if !badListen.HasErrors() && !isLoopback(a.Listen) && !a.Authenticates() {
+	if !badListen.HasErrors() && !loopback(a.Listen) && !a.Authenticates() {
 		if !a.Insecure {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Admin server beyond loopback needs authentication",
 				Detail: fmt.Sprintf("listen %q is reachable from other hosts, and the admin server shows the whole mesh and the host's configuration. "+
@@ -132,16 +131,3 @@ func (t *AdminTLS) ClientCAs() (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// isLoopback reports whether a listen address is reachable only from
-// this host. An empty host or 0.0.0.0 is every interface.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}

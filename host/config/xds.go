@@ -85,8 +85,8 @@ func decodeXDSSecurity(b *hcl.Block, xb *xdsBlock, x *XDS) hcl.Diagnostics {
 	return diags
 }
 
-// loopback reports whether a listen address is reachable only from this
-// host.
+// loopback reports whether a listen address (xds or admin) is reachable
+// only from this host. An empty host or 0.0.0.0 is every interface.
 func loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
