@@ -130,4 +130,3 @@ func (t *AdminTLS) ClientCAs() (*x509.CertPool, error) {
 	}
 	return pool, nil
 }
-
