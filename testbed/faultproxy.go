@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -33,6 +34,7 @@ type FaultProxy struct {
 	mu       sync.Mutex
 	fault    func(*http.Request) *Fault
 	requests []ProxiedRequest
+	inflight map[int]context.CancelFunc
 }
 
 // Fault is what the proxy answers instead of passing a request on.
@@ -61,7 +63,7 @@ func StartFaultProxy(t testing.TB, target string, caData []byte) *FaultProxy {
 	if err != nil {
 		t.Fatalf("fault proxy target %q: %v", target, err)
 	}
-	p := &FaultProxy{tr: &http.Transport{MaxIdleConnsPerHost: 100}}
+	p := &FaultProxy{tr: &http.Transport{MaxIdleConnsPerHost: 100}, inflight: map[int]context.CancelFunc{}}
 	if len(caData) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(caData) {
@@ -81,11 +83,20 @@ func StartFaultProxy(t testing.TB, target string, caData []byte) *FaultProxy {
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		r = r.WithContext(ctx)
 		p.mu.Lock()
 		i := len(p.requests)
 		p.requests = append(p.requests, ProxiedRequest{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery})
+		p.inflight[i] = cancel
 		fault := p.fault
 		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			delete(p.inflight, i)
+			p.mu.Unlock()
+		}()
 		sw := &statusRecorder{ResponseWriter: w, record: func(code int) {
 			p.mu.Lock()
 			p.requests[i].Status = code
@@ -130,9 +141,15 @@ func (p *FaultProxy) SetFault(f func(*http.Request) *Fault) {
 	p.fault = f
 }
 
-// CutConnections closes every client connection, in-flight watches
-// included, as a load balancer or a restarting server does.
+// CutConnections ends every request in flight (watches and long polls)
+// and closes every client connection, as a load balancer or a restarting
+// server does, so clients must start their watches again.
 func (p *FaultProxy) CutConnections() {
+	p.mu.Lock()
+	for _, cancel := range p.inflight {
+		cancel()
+	}
+	p.mu.Unlock()
 	p.srv.CloseClientConnections()
 	p.tr.CloseIdleConnections()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/estuary-mesh/estuary/testbed/xdsload"
 )
 
 // The fault suite on the real binary (issue 11.7): each test breaks one
@@ -451,4 +454,73 @@ func TestConfigFileTruncatedMidWrite(t *testing.T) {
 		hs, _ := h.services("three")
 		return slices.Equal(hs, []string{"c.example.com"})
 	})
+}
+
+// TestReconnectStormAfterHostRestart: 1,000 proxies (SotW and Delta, one
+// connection each) are served; the host is killed and started again, and
+// one of its plugins is slow to configure this time. Every proxy
+// reconnects at once to the new host, is held until it is ready, and is
+// then served the whole config.
+// Fails if: any proxy gets an empty or partial CDS (the restarted host
+// answered before the slow plugin synced), an empty CLA, or NACKs, or
+// some proxy is never served again.
+func TestReconnectStormAfterHostRestart(t *testing.T) {
+	const clients = 1000
+	gate := filepath.Join(t.TempDir(), "gate")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plugins := staticBlock("static", "a.example.com", "b.example.com") +
+		gateBlock(t, "slow", "  sync_timeout = \"10m\"\n", gate, "", "s.test")
+	h := startHost(t, plugins)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	fleet, err := xdsload.Start(ctx, xdsload.Options{
+		Addr: h.xds, Clients: clients, Protocol: xdsload.Mixed, Kind: xdsload.Sidecar,
+		ClusterID: "cluster1",
+		Required:  []string{"outbound|80||a.example.com", "outbound|80||b.example.com", "outbound|80||s.test"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fleet.Close()
+	if err := fleet.WaitServed(ctx); err != nil {
+		t.Fatalf("before the restart: %v (%+v)", err, fleet.Stats())
+	}
+	streams := fleet.Stats().Streams
+
+	// Down, and back with the slow plugin held in Configure.
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	h.signal(syscall.SIGKILL)
+	h2 := h.again()
+	waitFleet(t, ctx, fleet, "every client on a new stream", func(s xdsload.Stats) bool {
+		return s.Streams >= streams+clients && s.Connected == clients
+	})
+	if code, body := h2.get("/readyz"); code == http.StatusOK {
+		t.Fatalf("the restarted host is ready while a plugin is in Configure: %s", body)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.WaitServed(ctx); err != nil {
+		t.Fatalf("after the restart: %v (%+v)", err, fleet.Stats())
+	}
+	st := fleet.Stats()
+	if st.Problems != 0 || st.NACKs != 0 {
+		t.Errorf("%d problems, %d NACKs: %v", st.Problems, st.NACKs, fleet.Problems())
+	}
+}
+
+// waitFleet polls the fleet's stats until ok holds.
+func waitFleet(t *testing.T, ctx context.Context, f *xdsload.Fleet, what string, ok func(xdsload.Stats) bool) {
+	t.Helper()
+	for !ok(f.Stats()) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v; stats %+v", what, ctx.Err(), f.Stats())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
