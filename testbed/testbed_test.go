@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -269,5 +270,64 @@ func TestBin(t *testing.T) {
 	}
 	if _, err := testbed.Bin("kubelet"); err == nil {
 		t.Fatal("Bin(kubelet): want an error")
+	}
+}
+
+// A fault proxy in front of a real agent passes requests through, answers
+// those the test picks itself, and cuts a blocking query in flight.
+func TestFaultProxy(t *testing.T) {
+	c := testbed.StartConsul(t)
+	px := testbed.StartFaultProxy(t, "http://"+c.Addr, nil)
+	cfg := api.DefaultConfig()
+	cfg.Address = strings.TrimPrefix(px.URL, "http://")
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, meta, err := client.Catalog().Services((&api.QueryOptions{}).WithContext(ctx(t)))
+	if err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+
+	px.SetFault(func(r *http.Request) *testbed.Fault {
+		return &testbed.Fault{Status: http.StatusServiceUnavailable, Body: "injected"}
+	})
+	_, _, err = client.Catalog().Services((&api.QueryOptions{}).WithContext(ctx(t)))
+	var se api.StatusError
+	if !errors.As(err, &se) || se.Code != http.StatusServiceUnavailable || se.Body != "injected" {
+		t.Fatalf("with a 503 fault: %v", err)
+	}
+	px.SetFault(nil)
+
+	blocked := make(chan error, 1)
+	go func() {
+		opts := (&api.QueryOptions{WaitIndex: meta.LastIndex, WaitTime: time.Minute}).WithContext(ctx(t))
+		_, _, err := client.Catalog().Services(opts)
+		blocked <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.ContainsFunc(px.Requests(), func(r testbed.ProxiedRequest) bool { return strings.Contains(r.RawQuery, "index=") }) {
+		if time.Now().After(deadline) {
+			t.Fatal("the blocking query never reached the proxy")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A client may send a cut GET again (Go's transport does, when no
+	// byte of the answer arrived): that one is answered at once.
+	px.SetFault(func(r *http.Request) *testbed.Fault {
+		return &testbed.Fault{Status: http.StatusServiceUnavailable, Body: "injected"}
+	})
+	px.CutConnections()
+	select {
+	case err := <-blocked:
+		if err == nil {
+			t.Error("a cut blocking query returned no error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("CutConnections did not end the blocking query: %+v", px.Requests())
+	}
+	reqs := px.Requests()
+	if len(reqs) < 3 || reqs[0].Status != http.StatusOK || reqs[0].Injected || !reqs[1].Injected || reqs[1].Status != http.StatusServiceUnavailable {
+		t.Errorf("requests recorded: %+v", reqs)
 	}
 }

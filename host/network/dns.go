@@ -316,7 +316,18 @@ func (r *resolver) exchange(ctx context.Context, m *dns.Msg, server, network str
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	c := &dns.Client{Net: network, Timeout: r.timeout}
-	resp, _, err := c.ExchangeContext(ctx, m, server)
+	conn, err := c.DialContext(ctx, server)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// miekg/dns turns the context's deadline into the socket's, but does
+	// not notice its cancellation: a query to a server that never answers
+	// would hold Run's return for the whole timeout. Closing the socket
+	// ends the read at once.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
 	return resp, err
 }
 

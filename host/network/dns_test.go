@@ -30,6 +30,7 @@ type dnsServer struct {
 	ttl     uint32
 	rcode   int // answer with this code instead (e.g. SERVFAIL)
 	queries map[string]int
+	drop    map[string]bool // FQDNs whose queries are read and never answered
 }
 
 func startDNS(t *testing.T) *dnsServer {
@@ -38,7 +39,7 @@ func startDNS(t *testing.T) *dnsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &dnsServer{addr: pc.LocalAddr().String(), answers: map[string][]string{}, queries: map[string]int{}}
+	s := &dnsServer{addr: pc.LocalAddr().String(), answers: map[string][]string{}, queries: map[string]int{}, drop: map[string]bool{}}
 	started := make(chan struct{})
 	s.srv = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(s.serve), NotifyStartedFunc: func() { close(started) }}
 	done := make(chan struct{})
@@ -60,6 +61,10 @@ func (s *dnsServer) serve(w dns.ResponseWriter, r *dns.Msg) {
 	s.mu.Lock()
 	q := r.Question[0]
 	s.queries[q.Name+" "+dns.TypeToString[q.Qtype]]++
+	if s.drop[q.Name] {
+		s.mu.Unlock()
+		return // a server that times out: the query is read, never answered
+	}
 	if s.rcode != dns.RcodeSuccess {
 		m.Rcode = s.rcode
 	} else {

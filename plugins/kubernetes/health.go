@@ -45,7 +45,10 @@ func (c *cluster) observe(req *http.Request, resp *http.Response, err error) {
 			return // cancelled by us
 		}
 		failure = err.Error()
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden || resp.StatusCode >= 500:
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
+		resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		// 429 too: an API server that keeps throttling the plugin's
+		// lists leaves it as far behind as one that fails them.
 		failure = fmt.Sprintf("%s %s: %s", req.Method, req.URL.Path, resp.Status)
 	}
 	c.mu.Lock()

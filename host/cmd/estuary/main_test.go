@@ -23,8 +23,15 @@ import (
 var estuaryBin string
 
 func TestMain(m *testing.M) {
-	if os.Getenv("ESTUARY_TEST_PLUGIN") == "bulk" {
+	switch os.Getenv("ESTUARY_TEST_PLUGIN") {
+	case "bulk":
 		sdk.Serve(bulkFactory)
+		return
+	case "gate":
+		sdk.Serve(gateFactory)
+		return
+	case "garbage", "flood":
+		serveRaw(os.Getenv("ESTUARY_TEST_PLUGIN"))
 		return
 	}
 	dir, err := os.MkdirTemp("", "estuary-e2e")
@@ -110,11 +117,39 @@ func startHostFile(t testing.TB, content func(xds, admin string) string) *host {
 // waiting for anything.
 func launchHost(t testing.TB, content func(xds, admin string) string) *host {
 	t.Helper()
-	dir := t.TempDir()
-	h := &host{t: t, config: filepath.Join(dir, "plugins.hcl"), xds: freeAddr(t), log: &syncBuffer{}, exited: make(chan struct{})}
+	path := filepath.Join(t.TempDir(), "plugins.hcl")
+	return launchHostAt(t, func(xds, admin string) string {
+		if err := os.WriteFile(path, []byte(content(xds, admin)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	})
+}
+
+// launchHostAt runs estuary on the config file that install writes for
+// the xDS and admin addresses it is given; install returns its path.
+func launchHostAt(t testing.TB, install func(xds, admin string) (path string)) *host {
+	t.Helper()
+	h := &host{t: t, xds: freeAddr(t), log: &syncBuffer{}, exited: make(chan struct{})}
 	adminAddr := freeAddr(t)
 	h.admin = "http://" + adminAddr
-	h.write(content(h.xds, adminAddr))
+	h.config = install(h.xds, adminAddr)
+	h.start()
+	return h
+}
+
+// again runs another estuary on h's config file and addresses, once h has
+// exited, as a restarted host; it does not wait for anything.
+func (h *host) again() *host {
+	h.t.Helper()
+	<-h.exited
+	next := &host{t: h.t, config: h.config, admin: h.admin, xds: h.xds, log: &syncBuffer{}, exited: make(chan struct{})}
+	next.start()
+	return next
+}
+
+func (h *host) start() {
+	t := h.t
 	h.cmd = exec.Command(estuaryBin, "run", "-config", h.config, "-log-level", "debug")
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {
@@ -131,7 +166,6 @@ func launchHost(t testing.TB, content func(xds, admin string) string) *host {
 			t.Logf("estuary log:\n%s", h.log.String())
 		}
 	})
-	return h
 }
 
 // rewrite replaces the plugin blocks, keeping the listen addresses.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -288,6 +289,13 @@ func (h *server) handleSignals(ctx context.Context, signals <-chan os.Signal, st
 // reload applies the config file again; a file with errors changes nothing.
 func (h *server) reload() {
 	h.logger.Info("SIGHUP: reloading", "config", h.path)
+	// A file caught between its truncation and its writing is empty, and
+	// valid HCL: applied, it would stop every plugin. No one reloads to
+	// an empty file on purpose.
+	if b, err := os.ReadFile(h.path); err == nil && len(bytes.TrimSpace(b)) == 0 {
+		h.logger.Error("reload rejected; keeping the running configuration", "errors", h.path+" is empty (read while being written?)")
+		return
+	}
 	next, diags := load(h.path)
 	if diags.HasErrors() {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))

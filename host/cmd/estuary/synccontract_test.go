@@ -293,18 +293,56 @@ func TestColdStartWithTheConsulAgentDown(t *testing.T) {
 }
 `, timeout, c.Addr))
 	})
+	// A proxy that connects at once: its first CDS must not come before
+	// the host is ready, or it would hold only the static services.
+	firstCDS := make(chan time.Time, 1)
+	conn, err := grpc.NewClient(h.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx, grpc.WaitForReady(true))
+		if err != nil {
+			return
+		}
+		node := &corev3.Node{Id: "sidecar~10.1.0.9~early.default~default.svc.cluster.local"}
+		if stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}) != nil {
+			return
+		}
+		if _, err := stream.Recv(); err == nil {
+			firstCDS <- time.Now()
+		}
+	}()
+	var notReady time.Time // the last time /readyz said 503
 	h.eventually("/readyz to say why consul is waited for", 30*time.Second, func() bool {
 		code, body := h.get("/readyz")
 		if code == http.StatusOK {
 			t.Fatalf("ready %s after start, before consul's sync timeout (%s)", time.Since(started), timeout)
+		}
+		if code == http.StatusServiceUnavailable {
+			notReady = time.Now()
 		}
 		return code == http.StatusServiceUnavailable && strings.Contains(string(body), "consul: instance set not complete") &&
 			strings.Contains(string(body), "Consul never reached")
 	})
 	h.eventually("ready after the sync timeout", 30*time.Second, func() bool {
 		code, _ := h.get("/readyz")
+		if code != http.StatusOK {
+			notReady = time.Now()
+		}
 		return code == http.StatusOK
 	})
+	select {
+	case at := <-firstCDS:
+		if at.Before(notReady) {
+			t.Errorf("a CDS answered %s after start, while /readyz still said 503 (until %s)", at.Sub(started), notReady.Sub(started))
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("the early proxy got no CDS within 30s of the host being ready")
+	}
 	if d := time.Since(started); d < timeout {
 		t.Errorf("ready after %s, before consul's sync timeout %s", d, timeout)
 	}
