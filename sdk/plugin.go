@@ -97,8 +97,24 @@ func (r *ConfigureRequest) Decode(v any) error {
 // MeshSettings are mesh-wide defaults.
 type MeshSettings struct {
 	DomainSuffix string
-	ClusterID    string
-	Network      string
+	// ClusterID is the cluster the host itself runs in.
+	ClusterID string
+	// Network is the network of ClusterID only: see [MeshSettings.NetworkOf].
+	Network string
+}
+
+// NetworkOf is the default network mesh settings give an instance of
+// cluster: mesh.network when cluster is the host's own cluster
+// (mesh.cluster_id), else none. Another cluster's network comes from the
+// plugin's own setting or the host's networks block, as a remote cluster's
+// does in Istio (its system namespace label or meshNetworks), never from
+// the control plane's own network: inheriting it would put every remote
+// endpoint on the host's network and defeat from_registry and from_cidr.
+func (m MeshSettings) NetworkOf(cluster string) string {
+	if cluster != "" && cluster == m.ClusterID {
+		return m.Network
+	}
+	return ""
 }
 
 // ConfigureResponse reports problems found in the config.
