@@ -44,6 +44,9 @@ func runHost(args []string) int {
 		fmt.Fprint(os.Stderr, config.Format(diags))
 		return 1
 	}
+	if len(diags) > 0 {
+		logger.Warn("configuration warnings", "warnings", "\n"+config.Format(diags))
+	}
 	self, err := os.Executable()
 	if err != nil {
 		logger.Error("cannot find the estuary executable to run bundled plugins", "error", err)
@@ -274,6 +277,9 @@ func (h *server) reload() {
 	if diags.HasErrors() {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
 		return
+	}
+	if len(diags) > 0 {
+		h.logger.Warn("configuration warnings", "warnings", "\n"+config.Format(diags))
 	}
 	file := h.config()
 	if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
