@@ -200,6 +200,10 @@ func (l Locality) String() string {
 // Endpoint is one address that serves a service.
 type Endpoint struct {
 	// Address is an IP, a DNS name (DNS resolution) or a "unix://" path.
+	// Empty, with Network set, is a network-only endpoint (as Istio allows
+	// in a ServiceEntry or WorkloadEntry): reachable only through its
+	// network's gateway, so the host sends it to clients on other networks
+	// as that gateway and to nobody else.
 	Address string `json:"address"`
 	// TargetPorts maps a service port name to the port the endpoint listens
 	// on; a port absent here is served on the service port's number.
