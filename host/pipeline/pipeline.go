@@ -277,34 +277,25 @@ func keepGroup(groups []model.LocalityGroup, out, gi int) int {
 
 // forward keeps what an east-west gateway forwards to, weights unchanged.
 func forward(groups []model.LocalityGroup, v model.View, tr *Trace) []model.LocalityGroup {
-	out := 0
-	for gi := range groups {
-		g := &groups[gi]
-		if tr != nil {
-			tr.group(g)
-		}
-		kept := g.Endpoints[:0]
-		for i := range g.Endpoints {
-			ep := &g.Endpoints[i]
-			d := routerDecision(v, ep.Network, ep.Address, ep.TLSMode)
-			if tr != nil {
-				tr.decided(i, fate{decision: d, weight: ep.Weight})
-			}
-			if d == Forwarded {
-				kept = append(kept, *ep)
-			}
-		}
-		g.Endpoints = kept
-		if len(kept) > 0 {
-			out = keepGroup(groups, out, gi)
-		}
-	}
-	return groups[:out]
+	return keepSent(groups, tr, func(ep *model.LbEndpoint) Decision {
+		return routerDecision(v, ep.Network, ep.Address, ep.TLSMode)
+	})
 }
 
 // oneNetwork sends every endpoint as it is, but network-only ones: with
 // no gateway in the mesh, nothing reaches them.
 func oneNetwork(groups []model.LocalityGroup, tr *Trace) []model.LocalityGroup {
+	return keepSent(groups, tr, func(ep *model.LbEndpoint) Decision {
+		if ep.Address == "" {
+			return DroppedNoAddress
+		}
+		return KeptOneNetwork
+	})
+}
+
+// keepSent keeps, weights unchanged, the endpoints whose decision sends
+// them, and the groups left with any.
+func keepSent(groups []model.LocalityGroup, tr *Trace, decide func(*model.LbEndpoint) Decision) []model.LocalityGroup {
 	out := 0
 	for gi := range groups {
 		g := &groups[gi]
@@ -314,10 +305,7 @@ func oneNetwork(groups []model.LocalityGroup, tr *Trace) []model.LocalityGroup {
 		kept := g.Endpoints[:0]
 		for i := range g.Endpoints {
 			ep := &g.Endpoints[i]
-			d := KeptOneNetwork
-			if ep.Address == "" {
-				d = DroppedNoAddress
-			}
+			d := decide(ep)
 			if tr != nil {
 				tr.decided(i, fate{decision: d, weight: ep.Weight})
 			}
