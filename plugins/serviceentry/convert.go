@@ -258,7 +258,11 @@ func (b *builder) endpoints(o *object, host string, ports []entryPort) []sdk.End
 				b.notice(w, "selected by %s for host %s, but not used: %v", o.key, host, err)
 				continue
 			}
-			out = append(out, endpoint(w.we, w.key.Name, ports, defaults))
+			ep := endpoint(w.we, w.key.Name, ports, defaults)
+			if w.unhealthy {
+				ep.Health = sdk.HealthUnhealthy
+			}
+			out = append(out, ep)
 		}
 		return out
 	case len(se.GetEndpoints()) > 0:

@@ -92,6 +92,7 @@ type goldenEndpoint struct {
 	TLSMode        string            `json:"tlsMode"`
 	ServiceAccount string            `json:"serviceAccount,omitempty"`
 	WorkloadName   string            `json:"workloadName,omitempty"`
+	Health         string            `json:"health,omitempty"` // only when not healthy
 }
 
 func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte {
@@ -112,6 +113,9 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 				Locality: e.Locality.String(), Weight: e.Weight, TLSMode: e.TLSMode.String(),
 				ServiceAccount: e.ServiceAccount, WorkloadName: e.WorkloadName,
 			})
+			if e.Health != sdk.HealthHealthy {
+				gs.Endpoints[len(gs.Endpoints)-1].Health = e.Health.String()
+			}
 		}
 		v.Services = append(v.Services, gs)
 	}
