@@ -73,6 +73,7 @@ type goldenService struct {
 	Resolution   string              `json:"resolution"`
 	MeshExternal bool                `json:"meshExternal"`
 	ExportTo     []string            `json:"exportTo,omitempty"`
+	SANs         []string            `json:"subjectAltNames,omitempty"`
 	Endpoints    []goldenEndpoint    `json:"endpoints,omitempty"`
 }
 
@@ -102,7 +103,7 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 	for _, s := range snap.Services {
 		gs := goldenService{
 			Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, VIPs: s.VIPs, Labels: s.Labels,
-			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo,
+			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo, SANs: s.SubjectAltNames,
 		}
 		for _, p := range s.Ports {
 			gs.Ports = append(gs.Ports, goldenPort{Name: p.Name, Number: p.Number, Protocol: p.Protocol})
