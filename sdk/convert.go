@@ -32,6 +32,7 @@ func (s *Service) toProto() *registryv1.Service {
 		Resolution:        registryv1.Resolution(s.Resolution),
 		MeshExternal:      s.MeshExternal,
 		ExportTo:          s.ExportTo,
+		SubjectAltNames:   s.SubjectAltNames,
 	}
 }
 

@@ -98,8 +98,10 @@ func (r *ConfigureRequest) Decode(v any) error {
 // MeshSettings are mesh-wide defaults.
 type MeshSettings struct {
 	DomainSuffix string
-	ClusterID    string
-	Network      string
+	// ClusterID is the cluster the host itself runs in.
+	ClusterID string
+	// Network is the network of ClusterID only: see [MeshSettings.NetworkOf].
+	Network string
 	// HostAddresses are the addresses the host listens on (xDS and admin),
 	// "HOST:PORT" as bound; a host of 0.0.0.0 or :: stands for every
 	// address of the machine. A plugin that connects where a third party
@@ -112,6 +114,21 @@ type MeshSettings struct {
 func (m MeshSettings) Equal(o MeshSettings) bool {
 	return m.DomainSuffix == o.DomainSuffix && m.ClusterID == o.ClusterID && m.Network == o.Network &&
 		slices.Equal(m.HostAddresses, o.HostAddresses)
+
+}
+
+// NetworkOf is the default network mesh settings give an instance of
+// cluster: mesh.network when cluster is the host's own cluster
+// (mesh.cluster_id), else none. Another cluster's network comes from the
+// plugin's own setting or the host's networks block, as a remote cluster's
+// does in Istio (its system namespace label or meshNetworks), never from
+// the control plane's own network: inheriting it would put every remote
+// endpoint on the host's network and defeat from_registry and from_cidr.
+func (m MeshSettings) NetworkOf(cluster string) string {
+	if cluster != "" && cluster == m.ClusterID {
+		return m.Network
+	}
+	return ""
 }
 
 // ConfigureResponse reports problems found in the config.

@@ -153,6 +153,10 @@ type Service struct {
 	// ExportTo lists namespaces the service is visible in: empty or "*" for
 	// all, "." for its own.
 	ExportTo []string `json:"export_to,omitempty"`
+	// SubjectAltNames are identities a client accepts from the endpoints'
+	// certificates besides their service accounts' (a ServiceEntry's
+	// subjectAltNames).
+	SubjectAltNames []string `json:"subject_alt_names,omitempty"`
 }
 
 // Equal reports whether two services carry the same data.
@@ -164,7 +168,7 @@ func (s *Service) Equal(o *Service) bool {
 		maps.EqualFunc(s.NodePorts, o.NodePorts, maps.Equal) &&
 		maps.Equal(s.Labels, o.Labels) &&
 		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
-		slices.Equal(s.ExportTo, o.ExportTo)
+		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames)
 }
 
 // Locality is where a workload runs.
@@ -200,6 +204,10 @@ func (l Locality) String() string {
 // Endpoint is one address that serves a service.
 type Endpoint struct {
 	// Address is an IP, a DNS name (DNS resolution) or a "unix://" path.
+	// Empty, with Network set, is a network-only endpoint (as Istio allows
+	// in a ServiceEntry or WorkloadEntry): reachable only through its
+	// network's gateway, so the host sends it to clients on other networks
+	// as that gateway and to nobody else.
 	Address string `json:"address"`
 	// TargetPorts maps a service port name to the port the endpoint listens
 	// on; a port absent here is served on the service port's number.

@@ -1,6 +1,12 @@
 # Two clusters on two networks, reached through east-west gateways. Run
 # with `estuary run -config examples/two-networks/plugins.hcl`; a client on
-# network1 gets network1's endpoints plus network2's gateway in their place.
+# network1 (CLUSTER_ID cluster1) gets network1's endpoint 127.0.0.1:50051
+# plus network2's gateway 127.0.0.12:15443 in place of 10.20.0.5, and a
+# client on network2 gets 10.20.0.5:50051 plus network1's gateway
+# 127.0.0.11:15443; each east-west gateway forwards to its own network's
+# endpoint only. "west" (cluster2) names no network and is not
+# mesh.cluster_id, so it does not inherit mesh.network: from_registry puts
+# it on network2.
 mesh {
   cluster_id = "cluster1"
   network    = "network1"

@@ -2,6 +2,7 @@ package network
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -230,15 +231,19 @@ func decodeEndpointRule(b *hcl.Block) (*EndpointRule, hcl.Diagnostics) {
 		return nil, append(diags, d...)
 	}
 	if hasReg {
-		r, d := endpointRule(s, "", a.Expr.Range())
+		r, d := endpointRule(s, "", a.Expr.Range(), false)
 		return r, append(diags, d...)
 	}
-	r, d := endpointRule("", s, a.Expr.Range())
+	r, d := endpointRule("", s, a.Expr.Range(), false)
 	return r, append(diags, d...)
 }
 
-// endpointRule checks one rule of either source.
-func endpointRule(fromRegistry, fromCIDR string, rng hcl.Range) (*EndpointRule, hcl.Diagnostics) {
+// endpointRule checks one rule of either source. istio is set for a rule
+// read from Istio's meshNetworks format, where a range with host bits set
+// is what Istio accepts (net.ParseCIDR masks it): it is read masked, with a
+// warning naming the prefix used. In Estuary's own HCL it is an error, as
+// it most likely is a typo.
+func endpointRule(fromRegistry, fromCIDR string, rng hcl.Range, istio bool) (*EndpointRule, hcl.Diagnostics) {
 	if fromCIDR == "" && fromRegistry == "" {
 		return nil, hcl.Diagnostics{errorAt(rng, "Empty endpoints rule", "from_registry and from_cidr must not be empty.")}
 	}
@@ -246,10 +251,29 @@ func endpointRule(fromRegistry, fromCIDR string, rng hcl.Range) (*EndpointRule, 
 		return &EndpointRule{FromRegistry: fromRegistry, Range: rng}, nil
 	}
 	p, err := parseCIDR(fromCIDR)
+	var hostBits *hostBitsError
+	if istio && errors.As(err, &hostBits) {
+		r := rng
+		return &EndpointRule{FromCIDR: hostBits.masked, Range: rng}, hcl.Diagnostics{{
+			Severity: hcl.DiagWarning, Summary: "fromCidr has host bits set",
+			Detail:  fmt.Sprintf("%q has host bits set; read as %q, as Istio does.", fromCIDR, hostBits.masked.String()),
+			Subject: &r,
+		}}
+	}
 	if err != nil {
 		return nil, hcl.Diagnostics{errorAt(rng, "Invalid from_cidr", "%v", err)}
 	}
 	return &EndpointRule{FromCIDR: p, Range: rng}, nil
+}
+
+// hostBitsError is a range whose address is not its network's.
+type hostBitsError struct {
+	given  string
+	masked netip.Prefix
+}
+
+func (e *hostBitsError) Error() string {
+	return fmt.Sprintf("%q has host bits set; did you mean %q?", e.given, e.masked.String())
 }
 
 // parseCIDR accepts a prefix with no host bits set: 192.168.100.1/22 is
@@ -260,7 +284,7 @@ func parseCIDR(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR range such as 192.168.100.0/22", s)
 	}
 	if m := p.Masked(); m != p {
-		return netip.Prefix{}, fmt.Errorf("%q has host bits set; did you mean %q?", s, m.String())
+		return netip.Prefix{}, &hostBitsError{given: s, masked: m}
 	}
 	return p, nil
 }

@@ -357,6 +357,16 @@ func TestMeshNetworksErrors(t *testing.T) {
 }
 `,
 		want: []string{`F:2:3: error: Duplicate network: Network "network1" is already declared at plugins.hcl:2:9`},
+	}, {
+		// Istio's mesh config reference and Helm values write this; Istio
+		// masks it (net.ParseCIDR), so Estuary reads it too, and says so.
+		name: "Istio's reference fromCidr with host bits set",
+		yaml: `networks:
+  network1:
+    endpoints:
+    - fromCidr: "192.168.0.1/24"
+`,
+		want: []string{`F:4:17: warning: fromCidr has host bits set: "192.168.0.1/24" has host bits set; read as "192.168.0.0/24", as Istio does`},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -368,7 +378,12 @@ func TestMeshNetworksErrors(t *testing.T) {
 			}
 		})
 	}
-	_, diags := meshtest.ParseNetworks(`file = "missing.yaml"`)
+	p := write("hostbits.yaml", "networks:\n  network1:\n    endpoints:\n    - fromCidr: 192.168.0.1/24\n")
+	cfg, diags := meshtest.ParseNetworks(fmt.Sprintf("file = %q", p))
+	if diags.HasErrors() || cfg == nil || !strings.Contains(describe(cfg), "from_cidr 192.168.0.0/24") {
+		t.Errorf("host bits in meshNetworks: %s, %v", config.Format(diags), cfg)
+	}
+	_, diags = meshtest.ParseNetworks(`file = "missing.yaml"`)
 	if got := config.Format(diags); !strings.HasPrefix(got, "plugins.hcl:2:8: error: Cannot read meshNetworks file: open missing.yaml") {
 		t.Errorf("missing file: %s", got)
 	}

@@ -12,7 +12,10 @@
 // and DecodeMeshNetworks). Validation is stricter than Istio's, which only
 // warns and lets map order decide: a registry in two networks, CIDR ranges
 // of two networks that overlap, bad ranges, ports and host names are errors,
-// each at its file:line:col.
+// each at its file:line:col. One exception keeps Istio's own files
+// working: a meshNetworks fromCidr with host bits set (192.168.0.1/24, as
+// Istio's reference writes it) is read masked, with a warning naming the
+// prefix used; in HCL it stays an error.
 //
 // # Which network an endpoint is on
 //

@@ -210,7 +210,7 @@ func (d *yamlDecoder) endpointRule(n *yaml.Node) *EndpointRule {
 	if cidrNode != nil {
 		at = cidrNode
 	}
-	r, diags := endpointRule(reg, cidr, d.rng(at))
+	r, diags := endpointRule(reg, cidr, d.rng(at), true)
 	d.diags = append(d.diags, diags...)
 	return r
 }

@@ -264,3 +264,73 @@ func TestOneNetwork(t *testing.T) {
 		t.Errorf("got:\n%s\nwant unchanged:\n%s", got, want)
 	}
 }
+
+// TestNetworkOnlyEndpoints: an endpoint with a network and no address (as
+// Istio accepts in a ServiceEntry or WorkloadEntry) reaches a node on
+// another network as its gateway, weighted like any remote endpoint, and
+// nowhere else; explain says why it was dropped.
+func TestNetworkOnlyEndpoints(t *testing.T) {
+	w := meshtest.New(t)
+	w.Add(meshtest.Instance{Plugin: "east", Cluster: "cluster1", Services: []*registryv1.Service{meshtest.EchoService("cluster1")},
+		Gateways: []*registryv1.NetworkGateway{meshtest.Gateway("network1", "cluster1", "1.1.1.1", 15443)},
+		Endpoints: map[string][]*registryv1.Endpoint{meshtest.Echo: {
+			meshtest.Endpoint("10.1.0.1", "network1", true),
+			meshtest.Endpoint("", "network2", true),
+			meshtest.Endpoint("", "network2", true),
+			meshtest.Endpoint("", "network4", true), // no gateway into network4: unreachable
+		}}})
+	w.Add(meshtest.Instance{Plugin: "west", Cluster: "cluster2",
+		Gateways: []*registryv1.NetworkGateway{meshtest.Gateway("network2", "cluster2", "2.2.2.1", 15443)}})
+	p := New(w.Agg, w.Manager(""), nil)
+	cluster := model.ClusterName(8080, "", meshtest.Echo)
+	for _, tt := range []struct {
+		name string
+		view model.View
+		want string
+	}{{
+		name: "a node on network1 gets network2's gateway for both",
+		view: model.View{Network: "network1", Cluster: "cluster1"},
+		// Scale factor 1: 10.1.0.1 sent as 1; the gateway as 1 + 1.
+		want: `locality=us-east1/us-east1-b priority=0 weight=3
+  10.1.0.1:8080 w=1 net=network1 cluster=cluster1 tls=istio
+  2.2.2.1:15443 w=2 net=network2 cluster=cluster2 tls=istio
+`,
+	}, {
+		name: "a node on network2 gets nothing for them",
+		view: model.View{Network: "network2", Cluster: "cluster2"},
+		want: `locality=us-east1/us-east1-b priority=0 weight=1
+  1.1.1.1:15443 w=1 net=network1 cluster=cluster1 tls=istio
+`,
+	}, {
+		name: "network2's east-west gateway does not forward to them",
+		view: model.View{Kind: model.KindRouter, Network: "network2", Networks: "network2"},
+		want: ``,
+	}} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := cluster
+			if tt.view.Kind == model.KindRouter {
+				c = model.SNIClusterName(8080, "", meshtest.Echo)
+			}
+			groups, err := p.Endpoints(tt.view, c, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := meshtest.Render(groups); got != tt.want {
+				t.Errorf("got:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+	tr, err := p.Explain(model.View{Network: "network2", Cluster: "cluster2"}, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := 0
+	for _, e := range tr.Endpoints {
+		if e.Decision == DroppedNoAddress {
+			dropped++
+		}
+	}
+	if dropped != 3 {
+		t.Errorf("explain: %d endpoints dropped as network-only, want 3 (two on the node's network, one without a gateway): %+v", dropped, tr.Endpoints)
+	}
+}

@@ -166,6 +166,12 @@ func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.Loca
 // LoadBalancer not provisioned), Estuary drops them: a client never
 // receives an address on another network.
 //
+// A network-only endpoint (a network and no address, as Istio accepts in
+// a ServiceEntry or WorkloadEntry) is reached only through its network's
+// gateway: it is replaced like any remote endpoint, and dropped wherever
+// the node would get it directly (on its network, with no gateway, at an
+// east-west gateway, with multi-network off).
+//
 // With multi-network off, every endpoint is sent as it is. An east-west
 // gateway gets what routerDecision lets through, weights unchanged.
 // Weights of 0 (unset) leave Build as 1, which is what Envoy takes them
@@ -193,8 +199,8 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		groups = forward(groups, v, tr)
 	case snap.MultiNetwork():
 		groups = p.filter(sc, snap, v, groups, tr)
-	case tr != nil:
-		tr.oneNetwork(groups)
+	default:
+		groups = oneNetwork(groups, tr)
 	}
 	return groups, nil
 }
@@ -271,6 +277,25 @@ func keepGroup(groups []model.LocalityGroup, out, gi int) int {
 
 // forward keeps what an east-west gateway forwards to, weights unchanged.
 func forward(groups []model.LocalityGroup, v model.View, tr *Trace) []model.LocalityGroup {
+	return keepSent(groups, tr, func(ep *model.LbEndpoint) Decision {
+		return routerDecision(v, ep.Network, ep.Address, ep.TLSMode)
+	})
+}
+
+// oneNetwork sends every endpoint as it is, but network-only ones: with
+// no gateway in the mesh, nothing reaches them.
+func oneNetwork(groups []model.LocalityGroup, tr *Trace) []model.LocalityGroup {
+	return keepSent(groups, tr, func(ep *model.LbEndpoint) Decision {
+		if ep.Address == "" {
+			return DroppedNoAddress
+		}
+		return KeptOneNetwork
+	})
+}
+
+// keepSent keeps, weights unchanged, the endpoints whose decision sends
+// them, and the groups left with any.
+func keepSent(groups []model.LocalityGroup, tr *Trace, decide func(*model.LbEndpoint) Decision) []model.LocalityGroup {
 	out := 0
 	for gi := range groups {
 		g := &groups[gi]
@@ -280,11 +305,11 @@ func forward(groups []model.LocalityGroup, v model.View, tr *Trace) []model.Loca
 		kept := g.Endpoints[:0]
 		for i := range g.Endpoints {
 			ep := &g.Endpoints[i]
-			d := routerDecision(v, ep.Network, ep.TLSMode)
+			d := decide(ep)
 			if tr != nil {
 				tr.decided(i, fate{decision: d, weight: ep.Weight})
 			}
-			if d == Forwarded {
+			if d.Sent() {
 				kept = append(kept, *ep)
 			}
 		}
@@ -330,6 +355,14 @@ func (p *Pipeline) filter(sc *Scratch, s *network.Snapshot, v model.View, groups
 			}
 			w := scaleWeight(ep.Weight, scale)
 			if ep.Network == "" || v.Network == "" || ep.Network == v.Network {
+				if ep.Address == "" {
+					// Network-only, and the node is on its network:
+					// nothing it can dial (Istio sends nothing either).
+					if tr != nil {
+						tr.decided(i, fate{decision: DroppedNoAddress, weight: w})
+					}
+					continue
+				}
 				if tr != nil {
 					tr.decided(i, fate{decision: KeptLocal, weight: w})
 				}
@@ -345,6 +378,12 @@ func (p *Pipeline) filter(sc *Scratch, s *network.Snapshot, v model.View, groups
 				if why, pending := s.Pending(ep.Network); pending {
 					if tr != nil {
 						tr.decided(i, fate{decision: DroppedPending, weight: w, why: why})
+					}
+					continue
+				}
+				if ep.Address == "" {
+					if tr != nil {
+						tr.decided(i, fate{decision: DroppedNoAddress, weight: w})
 					}
 					continue
 				}

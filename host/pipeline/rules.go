@@ -99,16 +99,17 @@ type Decision uint8
 // Decisions. The first six are a sidecar's or proxyless client's, in a
 // multi-network mesh; the router ones are an east-west gateway's.
 const (
-	KeptLocal      Decision = iota // on the node's network, or either network unknown
-	KeptNoGateway                  // its network has no gateway
-	Replaced                       // replaced by its network's gateways
-	DroppedView                    // outside REQUESTED_NETWORK_VIEW
-	DroppedTLS                     // remote and not in Istio mTLS mode
-	DroppedPending                 // its network's gateways have no address yet
-	KeptOneNetwork                 // multi-network is off: every endpoint is sent as is
-	Forwarded                      // an east-west gateway forwards to it
-	DroppedRemote                  // an east-west gateway does not forward to another network
-	DroppedPlain                   // an east-west gateway forwards only Istio mTLS
+	KeptLocal        Decision = iota // on the node's network, or either network unknown
+	KeptNoGateway                    // its network has no gateway
+	Replaced                         // replaced by its network's gateways
+	DroppedView                      // outside REQUESTED_NETWORK_VIEW
+	DroppedTLS                       // remote and not in Istio mTLS mode
+	DroppedPending                   // its network's gateways have no address yet
+	KeptOneNetwork                   // multi-network is off: every endpoint is sent as is
+	Forwarded                        // an east-west gateway forwards to it
+	DroppedRemote                    // an east-west gateway does not forward to another network
+	DroppedPlain                     // an east-west gateway forwards only Istio mTLS
+	DroppedNoAddress                 // network-only: reachable through its network's gateway only
 )
 
 func (d Decision) String() string {
@@ -133,6 +134,8 @@ func (d Decision) String() string {
 		return "dropped: not on the east-west gateway's network"
 	case DroppedPlain:
 		return "dropped: not in Istio mTLS mode, which the east-west gateway's SNI passthrough requires"
+	case DroppedNoAddress:
+		return "dropped: it has no address (a network-only endpoint), so only its network's gateway reaches it, and this node would get it directly"
 	}
 	return "unknown"
 }
@@ -147,7 +150,7 @@ func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // UnmarshalText reads what MarshalText wrote.
 func (d *Decision) UnmarshalText(b []byte) error {
-	for x := KeptLocal; x <= DroppedPlain; x++ {
+	for x := KeptLocal; x <= DroppedNoAddress; x++ {
 		if x.String() == string(b) {
 			*d = x
 			return nil
@@ -162,7 +165,7 @@ func (d *Decision) UnmarshalText(b []byte) error {
 // network (or of unknown network, or when it has none), in Istio mTLS
 // mode; the client's mTLS runs end to end through it, so a plain-text
 // endpoint cannot be reached this way. Weights are left as they are.
-func routerDecision(v model.View, network string, tls sdk.TLSMode) Decision {
+func routerDecision(v model.View, network, address string, tls sdk.TLSMode) Decision {
 	switch {
 	case !v.Sees(network):
 		return DroppedView
@@ -170,6 +173,8 @@ func routerDecision(v model.View, network string, tls sdk.TLSMode) Decision {
 		return DroppedRemote
 	case tls != sdk.TLSModeIstio:
 		return DroppedPlain
+	case address == "":
+		return DroppedNoAddress
 	}
 	return Forwarded
 }

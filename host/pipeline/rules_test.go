@@ -92,7 +92,7 @@ func TestRouterDecision(t *testing.T) {
 		{model.View{Kind: model.KindRouter, Network: "network1"}, "network2", sdk.TLSModeIstio, DroppedRemote},
 		{model.View{Kind: model.KindRouter}, "network2", sdk.TLSModeIstio, Forwarded},
 	} {
-		if got := routerDecision(tt.view, tt.network, tt.tls); got != tt.want {
+		if got := routerDecision(tt.view, tt.network, "10.0.0.1", tt.tls); got != tt.want {
 			t.Errorf("%v, endpoint on %q tls %v: %v, want %v", tt.view, tt.network, tt.tls, got, tt.want)
 		}
 	}

@@ -191,17 +191,6 @@ func (tr *Trace) gateway(j int32, gw *network.Gateway, sum uint64, w uint32) {
 	})
 }
 
-// oneNetwork records that every endpoint is sent as it is.
-func (tr *Trace) oneNetwork(groups []model.LocalityGroup) {
-	for gi := range groups {
-		g := &groups[gi]
-		tr.group(g)
-		for i := range g.Endpoints {
-			tr.decided(i, fate{decision: KeptOneNetwork, weight: g.Endpoints[i].Weight})
-		}
-	}
-}
-
 func weightArithmetic(w, scale uint32) string {
 	if w == 0 {
 		return fmt.Sprintf("weight unset → scale factor %d", scale)

@@ -43,7 +43,7 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "domain_suffix", Type: "string", Description: `hostnames are SERVICE.<domain_suffix>; default "service.consul"`},
 	{Name: "health", Type: "string", Description: `which instances become endpoints: "passing" (default) or "passing_and_warning"`},
 	{Name: "tag_filter", Type: "list(string)", Description: "only instances carrying every one of these tags"},
-	{Name: "network", Type: "string", Description: "default network of the endpoints; default mesh.network"},
+	{Name: "network", Type: "string", Description: "default network of the endpoints; default mesh.network for the datacenter named mesh.cluster_id, none for the others (the networks block decides)"},
 	{Name: "wait_time", Type: sdk.TypeDuration, Description: `longest a blocking query waits, e.g. "5m" (default, at most 10m)`},
 	{Name: "rate_limit", Type: "number", Description: "requests per second to Consul, shared by all watches (default 1000)"},
 	{Name: "max_watchers", Type: "number", Description: "most per-service watches per datacenter (default 1000); each holds one connection to the agent"},
@@ -84,7 +84,8 @@ type settings struct {
 	namespace    string // the services' namespace
 	warning      bool   // include warning instances
 	tagFilter    []string
-	network      string
+	network      string           // the network setting; empty: see mesh
+	mesh         sdk.MeshSettings // mesh.network is the default of the datacenter named mesh.cluster_id only
 	waitTime     time.Duration
 	rateLimit    float64
 	maxWatchers  int
@@ -109,7 +110,7 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 		token:        base.Token,
 		tokenFile:    base.TokenFile,
 		domainSuffix: defaultDomainSuffix,
-		network:      mesh.Network,
+		mesh:         mesh,
 		waitTime:     defaultWaitTime,
 		rateLimit:    defaultRateLimit,
 		maxWatchers:  defaultMaxWatchers,

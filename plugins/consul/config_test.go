@@ -37,7 +37,7 @@ func TestConfigDefaults(t *testing.T) {
 	if s.api.Address != "localhost:8500" || s.api.Scheme != "http" || s.tls != nil {
 		t.Errorf("address %q scheme %q tls %v, want the local agent over plain HTTP", s.api.Address, s.api.Scheme, s.tls)
 	}
-	if s.domainSuffix != "service.consul" || s.namespace != "default" || s.warning || s.network != "mesh-net" ||
+	if s.domainSuffix != "service.consul" || s.namespace != "default" || s.warning || s.network != "" || s.mesh.Network != "mesh-net" ||
 		s.waitTime != 5*time.Minute || s.rateLimit != 1000 || s.maxWatchers != 1000 || len(s.datacenters) != 0 {
 		t.Errorf("defaults = %+v", s)
 	}

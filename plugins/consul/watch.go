@@ -68,8 +68,9 @@ func (r *run) newDatacenter(name string) *datacenter {
 		pending:  map[string]bool{},
 	}
 	// A datacenter is one cluster: a proxy declaring CLUSTER_ID=dc1 matches
-	// the dc1 instance only.
-	d.state.SetInstance(id, sdk.InstanceProperties{ClusterScoped: true, DefaultNetwork: r.s.network})
+	// the dc1 instance only. Its network is the plugin's setting, else
+	// mesh.network only when the datacenter is the host's own cluster.
+	d.state.SetInstance(id, sdk.InstanceProperties{ClusterScoped: true, DefaultNetwork: cmp.Or(r.s.network, r.s.mesh.NetworkOf(name))})
 	return d
 }
 

@@ -30,7 +30,7 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "kubeconfig", Type: "string", Description: "path of the primary cluster's kubeconfig; unset: $KUBECONFIG or ~/.kube/config, else the in-cluster config, as kubectl finds them"},
 	{Name: "context", Type: "string", Description: "kubeconfig context of the primary cluster; unset means the current one"},
 	{Name: "cluster_id", Type: "string", Description: `the primary cluster's ID; default mesh.cluster_id, else "Kubernetes"`},
-	{Name: "network", Type: "string", Description: "default network of the primary cluster's endpoints; default mesh.network"},
+	{Name: "network", Type: "string", Description: "default network of the primary cluster's endpoints; default mesh.network when the primary is mesh.cluster_id"},
 	{Name: "domain_suffix", Type: "string", Description: `DNS suffix of service host names; default mesh.domain_suffix, else "cluster.local"`},
 	{Name: "trust_domain", Type: "string", Description: `trust domain of workload identities (spiffe://TRUST_DOMAIN/ns/NS/sa/SA); default "cluster.local"`},
 	{Name: "secret_namespace", Type: "string", Description: `namespace of remote secrets, and the system namespace whose topology.istio.io/network label names a cluster's network; default "istio-system"`},
@@ -75,7 +75,7 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 		kubeconfig:        sdk.ValueOr(cfg.Kubeconfig, ""),
 		context:           sdk.ValueOr(cfg.Context, ""),
 		clusterID:         cmp.Or(sdk.ValueOr(cfg.ClusterID, ""), mesh.ClusterID, defaultClusterID),
-		network:           cmp.Or(sdk.ValueOr(cfg.Network, ""), mesh.Network),
+		network:           sdk.ValueOr(cfg.Network, ""),
 		domainSuffix:      strings.Trim(cmp.Or(sdk.ValueOr(cfg.DomainSuffix, ""), mesh.DomainSuffix, defaultDomainSuffix), "."),
 		trustDomain:       cmp.Or(sdk.ValueOr(cfg.TrustDomain, ""), defaultTrustDomain),
 		systemNamespace:   cmp.Or(sdk.ValueOr(cfg.SecretNamespace, ""), defaultSecretNamespace),
@@ -85,6 +85,9 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 	if cfg.ClusterID != nil && *cfg.ClusterID == "" {
 		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty")
 	}
+	// mesh.network is the host's own cluster's network: a primary that is
+	// another cluster (cluster_id set) does not inherit it.
+	o.network = cmp.Or(o.network, mesh.NetworkOf(o.clusterID))
 	if msgs := validation.IsDNS1123Subdomain(o.domainSuffix); len(msgs) > 0 {
 		diags.Errorf([]string{"domain_suffix"}, "domain_suffix %q is not a DNS name: %s", o.domainSuffix, strings.Join(msgs, "; "))
 	}

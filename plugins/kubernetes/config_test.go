@@ -45,6 +45,11 @@ func TestConfigDefaults(t *testing.T) {
 				t.Errorf("options = %+v", o)
 			}
 		}},
+		{"a primary that is another cluster does not inherit mesh.network", `cluster_id = "west"`, sdk.MeshSettings{ClusterID: "east", Network: "n-east"}, func(t *testing.T, o *options) {
+			if o.clusterID != "west" || o.network != "" {
+				t.Errorf("cluster %q network %q, want west and no network (the host's networks block decides)", o.clusterID, o.network)
+			}
+		}},
 		{"config wins over mesh", `
 cluster_id = "c1"
 network = "net1"

@@ -152,6 +152,8 @@ func (b *builder) newHost(o *object, host string, ports []entryPort) *hostState 
 		Resolution:   resolution(se.GetResolution()),
 		MeshExternal: se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL,
 		ExportTo:     se.GetExportTo(),
+		// Shared with the object, never modified in place (merge copies).
+		SubjectAltNames: se.GetSubjectAltNames(),
 	}
 	if addrs := vips(se.GetAddresses()); len(addrs) > 0 {
 		svc.VIPs = map[string][]string{b.cluster: addrs}
@@ -185,6 +187,16 @@ func (b *builder) merge(h *hostState, o *object, host string, ports []entryPort)
 	if !slices.Equal(se.GetExportTo(), svc.ExportTo) {
 		b.notice(o, "host %s: exportTo %v conflicts with %v of the older %s; keeping the older",
 			host, se.GetExportTo(), svc.ExportTo, h.owner.subject())
+	}
+	// Newer entries add subject alt names, as they add addresses.
+	if sans := se.GetSubjectAltNames(); len(sans) > 0 {
+		merged := slices.Clone(svc.SubjectAltNames)
+		for _, n := range sans {
+			if !slices.Contains(merged, n) {
+				merged = append(merged, n)
+			}
+		}
+		svc.SubjectAltNames = merged
 	}
 	if addrs := vips(se.GetAddresses()); len(addrs) > 0 {
 		have := svc.VIPs[b.cluster]
@@ -258,7 +270,11 @@ func (b *builder) endpoints(o *object, host string, ports []entryPort) []sdk.End
 				b.notice(w, "selected by %s for host %s, but not used: %v", o.key, host, err)
 				continue
 			}
-			out = append(out, endpoint(w.we, w.key.Name, ports, defaults))
+			ep := endpoint(w.we, w.key.Name, ports, defaults)
+			if w.unhealthy {
+				ep.Health = sdk.HealthUnhealthy
+			}
+			out = append(out, ep)
 		}
 		return out
 	case len(se.GetEndpoints()) > 0:

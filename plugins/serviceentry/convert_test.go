@@ -73,6 +73,7 @@ type goldenService struct {
 	Resolution   string              `json:"resolution"`
 	MeshExternal bool                `json:"meshExternal"`
 	ExportTo     []string            `json:"exportTo,omitempty"`
+	SANs         []string            `json:"subjectAltNames,omitempty"`
 	Endpoints    []goldenEndpoint    `json:"endpoints,omitempty"`
 }
 
@@ -92,6 +93,7 @@ type goldenEndpoint struct {
 	TLSMode        string            `json:"tlsMode"`
 	ServiceAccount string            `json:"serviceAccount,omitempty"`
 	WorkloadName   string            `json:"workloadName,omitempty"`
+	Health         string            `json:"health,omitempty"` // only when not healthy
 }
 
 func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte {
@@ -101,7 +103,7 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 	for _, s := range snap.Services {
 		gs := goldenService{
 			Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, VIPs: s.VIPs, Labels: s.Labels,
-			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo,
+			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo, SANs: s.SubjectAltNames,
 		}
 		for _, p := range s.Ports {
 			gs.Ports = append(gs.Ports, goldenPort{Name: p.Name, Number: p.Number, Protocol: p.Protocol})
@@ -112,6 +114,9 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 				Locality: e.Locality.String(), Weight: e.Weight, TLSMode: e.TLSMode.String(),
 				ServiceAccount: e.ServiceAccount, WorkloadName: e.WorkloadName,
 			})
+			if e.Health != sdk.HealthHealthy {
+				gs.Endpoints[len(gs.Endpoints)-1].Health = e.Health.String()
+			}
 		}
 		v.Services = append(v.Services, gs)
 	}

@@ -82,6 +82,9 @@ type object struct {
 	we     *networking.WorkloadEntry // kind WorkloadEntry
 	// warnings are problems that do not reject the object.
 	warnings []string
+	// unhealthy: a WorkloadEntry whose status condition Healthy is not
+	// True (istiod's health checks write it).
+	unhealthy bool
 }
 
 // subject names the object in notices.
@@ -224,7 +227,32 @@ type envelope struct {
 	metav1.TypeMeta `json:",inline"`
 	Metadata        metav1.ObjectMeta `json:"metadata"`
 	Spec            json.RawMessage   `json:"spec"`
+	Status          *objectStatus     `json:"status"`
 	Items           []json.RawMessage `json:"items"`
+}
+
+// objectStatus is the part of an Istio object's status the plugin reads:
+// the conditions (istio.io/api meta.v1alpha1 IstioStatus). istiod's health
+// checker writes a WorkloadEntry's "Healthy" condition.
+type objectStatus struct {
+	Conditions []struct {
+		Type   string `json:"type"`
+		Status string `json:"status"`
+	} `json:"conditions"`
+}
+
+// unhealthy reports a "Healthy" condition that is not "True". Without
+// that condition, as Istio does, the workload is healthy.
+func (s *objectStatus) unhealthy() bool {
+	if s == nil {
+		return false
+	}
+	for _, c := range s.Conditions {
+		if c.Type == "Healthy" {
+			return c.Status != "True"
+		}
+	}
+	return false
 }
 
 // decodeJSON decodes one object (or a list of them) given as JSON. where
@@ -266,7 +294,8 @@ func decodeJSON(js []byte, where, defaultNamespace string) []decoded {
 		d.errs.add("spec", "missing")
 		return []decoded{d}
 	}
-	o := &object{key: d.key, created: env.Metadata.CreationTimestamp.Time, labels: env.Metadata.Labels, origin: where}
+	o := &object{key: d.key, created: env.Metadata.CreationTimestamp.Time, labels: env.Metadata.Labels, origin: where,
+		unhealthy: env.Kind == kindWorkloadEntry && env.Status.unhealthy()}
 	var warning string
 	switch env.Kind {
 	case kindServiceEntry:

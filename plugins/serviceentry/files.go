@@ -42,6 +42,7 @@ type fileSource struct {
 
 	mu      sync.Mutex
 	files   map[string]*fileState // by path
+	subdirs []string              // found by the last scan, to watch
 	synced  bool
 	problem string
 }
@@ -77,6 +78,13 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 		msg := ""
 		if err := w.Add(s.dir); err != nil {
 			msg = err.Error()
+		}
+		// fsnotify is not recursive: every subdirectory is watched too.
+		s.mu.Lock()
+		subdirs := s.subdirs
+		s.mu.Unlock()
+		for _, d := range subdirs {
+			_ = w.Add(d) // one gone since the scan is caught by the next
 		}
 		if msg != watchErr && msg != "" {
 			s.logger.Warn("cannot watch the directory; rescanning periodically", "dir", s.dir, "error", msg)
@@ -134,6 +142,7 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 			if s.scan() {
 				changed()
 			}
+			watch() // subdirectories the scan found
 		case <-resync.C:
 			watch()
 			if s.scan() {
@@ -146,7 +155,7 @@ func (s *fileSource) run(ctx context.Context, changed func()) {
 // scan reads the directory and decodes the files whose content changed. It
 // reports whether the contents of the source changed.
 func (s *fileSource) scan() bool {
-	entries, err := os.ReadDir(s.dir)
+	paths, subdirs, err := listConfigFiles(s.dir)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -162,7 +171,7 @@ func (s *fileSource) scan() bool {
 		return changed
 	}
 	changed := s.problem != "" || !s.synced
-	s.problem, s.synced = "", true
+	s.problem, s.synced, s.subdirs = "", true, subdirs
 
 	type job struct {
 		path string
@@ -172,11 +181,7 @@ func (s *fileSource) scan() bool {
 	}
 	var jobs []*job
 	present := map[string]bool{}
-	for _, e := range entries {
-		if !isConfigFile(e.Name()) {
-			continue
-		}
-		path := filepath.Join(s.dir, e.Name())
+	for _, path := range paths {
 		if fi, err := os.Stat(path); err != nil || fi.IsDir() { // follows symlinks
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				s.logger.Warn("cannot stat file", "file", path, "error", err)
@@ -230,6 +235,36 @@ func (s *fileSource) scan() bool {
 		}
 	}
 	return true
+}
+
+// listConfigFiles lists the config files under dir and in its
+// subdirectories, as Istio's file config source walks its directory, with
+// the subdirectories it went into. Hidden entries are skipped at every
+// level (a ConfigMap volume's ..data directory is reached through the
+// symlinks beside it), and so are symlinks to directories, which could
+// loop. Only an error reading dir itself is returned; a subdirectory that
+// cannot be read is skipped and logged by the caller's next scan.
+func listConfigFiles(dir string) (files, subdirs []string, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		switch {
+		case strings.HasPrefix(e.Name(), "."):
+		case e.IsDir():
+			sub, subsub, err := listConfigFiles(path)
+			if err != nil {
+				continue
+			}
+			subdirs = append(append(subdirs, path), subsub...)
+			files = append(files, sub...)
+		case isConfigFile(e.Name()):
+			files = append(files, path)
+		}
+	}
+	return files, subdirs, nil
 }
 
 // isConfigFile reports whether a directory entry is a file to read: YAML or

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -78,63 +75,6 @@ func (k *kubeDyn) delete(gvr schema.GroupVersionResource, ns, name string) {
 	}
 }
 
-// installCRDs installs Istio's ServiceEntry and WorkloadEntry CRDs, as
-// istio.io/api ships them, and waits until they are established.
-func (k *kubeDyn) installCRDs() {
-	k.t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
-	if err != nil {
-		k.t.Fatalf("locate istio.io/api: %v", err)
-	}
-	path := filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml")
-	src, err := os.ReadFile(path)
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	want := []string{"serviceentries." + istioGroup, "workloadentries." + istioGroup}
-	var installed []string
-	for _, doc := range splitDocuments(src) {
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc.data, &u.Object); err != nil {
-			k.t.Fatalf("%s:%d: %v", path, doc.line, err)
-		}
-		if u.GetKind() != "CustomResourceDefinition" || !slices.Contains(want, u.GetName()) {
-			continue
-		}
-		if _, err := k.dyn.Resource(crdGVR).Create(k.ctx(), u, metav1.CreateOptions{}); err != nil {
-			k.t.Fatalf("create CRD %s: %v", u.GetName(), err)
-		}
-		installed = append(installed, u.GetName())
-	}
-	if len(installed) != len(want) {
-		k.t.Fatalf("found CRDs %v in %s, want %v", installed, path, want)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for _, name := range installed {
-		for {
-			u, err := k.dyn.Resource(crdGVR).Get(k.ctx(), name, metav1.GetOptions{})
-			if err == nil && established(u) {
-				break
-			}
-			if time.Now().After(deadline) {
-				k.t.Fatalf("CRD %s not established: %v", name, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-}
-
-func established(u *unstructured.Unstructured) bool {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		if m["type"] == "Established" && m["status"] == "True" {
-			return true
-		}
-	}
-	return false
-}
-
 // TestKubernetes runs the plugin against a real kube-apiserver, together
 // with a directory: the CRDs are installed after the plugin starts;
 // ServiceEntries and WorkloadEntries are then created, updated and deleted,
@@ -165,7 +105,7 @@ func TestKubernetes(t *testing.T) {
 			hasNotice(in, "CRD serviceentries.networking.istio.io", "not served by the API server")
 	})
 
-	kd.installCRDs()
+	k.InstallIstioCRDs(t, "serviceentries."+istioGroup, "workloadentries."+istioGroup)
 	kd.apply(seGVR, `apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: static, namespace: se-test}

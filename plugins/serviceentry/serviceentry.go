@@ -65,7 +65,7 @@ var configSchema = &sdk.Schema{
 	Attributes: []sdk.Attribute{
 		{Name: "dir", Type: "string", Description: "directory of YAML files holding ServiceEntry and WorkloadEntry objects; watched"},
 		{Name: "cluster_id", Type: "string", Description: "the instance's cluster identity; defaults to mesh.cluster_id"},
-		{Name: "network", Type: "string", Description: "default network of the endpoints; defaults to mesh.network"},
+		{Name: "network", Type: "string", Description: "default network of the endpoints; defaults to mesh.network when cluster_id is mesh.cluster_id, else none (the networks block decides)"},
 		{Name: "default_namespace", Type: "string", Description: `namespace of file objects that name none (default "default")`},
 	},
 	Blocks: []sdk.Block{{
@@ -157,9 +157,10 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 // check validates the config and fills in defaults.
 func check(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
+	cluster := sdk.ValueOr(cfg.ClusterID, mesh.ClusterID)
 	s := &settings{
-		id:    sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: sdk.ValueOr(cfg.ClusterID, mesh.ClusterID)},
-		props: sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.Network)},
+		id:    sdk.InstanceID{Provider: sdk.ProviderServiceEntry, Cluster: cluster},
+		props: sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.NetworkOf(cluster))},
 		dir:   sdk.ValueOr(cfg.Dir, ""),
 		ns:    sdk.ValueOr(cfg.DefaultNamespace, "default"),
 	}

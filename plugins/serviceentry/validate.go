@@ -35,12 +35,13 @@ func portProtocol(p string) (istio.Protocol, bool) {
 // warnings do not.
 func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnings []string) {
 	res := se.GetResolution()
-	external := se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL
 
 	if len(se.GetHosts()) == 0 {
 		errs.add("spec.hosts", "missing: a ServiceEntry needs at least one host")
 	}
-	dnsHostsAsEndpoints := isDNS(res) && len(se.GetEndpoints()) == 0 && se.GetWorkloadSelector() == nil
+	// Istio checks the hosts of a DNS entry without inline endpoints, with
+	// or without a workload selector.
+	dnsHostsAsEndpoints := isDNS(res) && len(se.GetEndpoints()) == 0
 	seen := map[string]bool{}
 	for i, h := range se.GetHosts() {
 		path := fmt.Sprintf("spec.hosts[%d]", i)
@@ -49,7 +50,8 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 			continue
 		}
 		if seen[h] {
-			errs.add(path, "host %q is listed twice", h)
+			// Istio accepts it; the second is the same service.
+			warnings = append(warnings, fmt.Sprintf("%s: host %q is listed twice; read once", path, h))
 		}
 		seen[h] = true
 		if dnsHostsAsEndpoints && strings.HasPrefix(h, "*") {
@@ -58,7 +60,6 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 	}
 
 	ports := se.GetPorts()
-	allTCP := true
 	names, numbers := map[string]bool{}, map[uint32]bool{}
 	for i, p := range ports {
 		path := fmt.Sprintf("spec.ports[%d]", i)
@@ -80,11 +81,9 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 			errs.add(path+".name", "port name %q is declared twice", name)
 		}
 		names[p.GetName()] = true
-		proto, ok := portProtocol(p.GetProtocol())
-		if !ok {
+		if _, ok := portProtocol(p.GetProtocol()); !ok {
 			errs.add(path+".protocol", "unknown protocol %q (known: %s)", p.GetProtocol(), istio.KnownProtocols())
 		}
-		allTCP = allTCP && proto == istio.TCP
 		if tp := p.GetTargetPort(); tp > 65535 {
 			errs.add(path+".targetPort", "port %d is not between 1 and 65535", tp)
 		}
@@ -100,11 +99,10 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 			errs.add(path, "%q is neither an IP address nor a CIDR", a)
 			continue
 		}
-		if pfx.IsSingleIP() {
-			continue
-		}
-		if !external || !allTCP || (res != networking.ServiceEntry_NONE && res != networking.ServiceEntry_STATIC) {
-			errs.add(path, "CIDR %q is only allowed for MESH_EXTERNAL entries whose ports are all TCP, with resolution NONE or STATIC", a)
+		// Istio: a CIDR (host bits set or not, any location and protocol)
+		// needs resolution NONE or STATIC; a /32 is a CIDR too.
+		if res != networking.ServiceEntry_NONE && res != networking.ServiceEntry_STATIC {
+			errs.add(path, "CIDR %q is only allowed with resolution NONE or STATIC, not %s", pfx, res)
 		}
 	}
 
@@ -140,13 +138,18 @@ func validateServiceEntry(se *networking.ServiceEntry) (errs fieldErrors, warnin
 		}
 		for _, name := range sortedKeys(ep.GetPorts()) {
 			if !names[name] {
-				warnings = append(warnings, fmt.Sprintf("%s.ports.%s: the entry declares no port named %q; ignored", path, name, name))
+				errs.add(path+".ports."+name, "the entry declares no port named %q", name)
 			}
 		}
 	}
 
+	exported := map[string]bool{}
 	for i, e := range se.GetExportTo() {
 		path := fmt.Sprintf("spec.exportTo[%d]", i)
+		if exported[e] {
+			errs.add(path, "%q is listed twice", e)
+		}
+		exported[e] = true
 		switch {
 		case e == "*" || e == "~":
 			if len(se.GetExportTo()) > 1 {
@@ -180,9 +183,10 @@ func checkWorkload(path string, we *networking.WorkloadEntry) fieldErrors {
 	a := we.GetAddress()
 	switch {
 	case a == "" && we.GetNetwork() != "":
-		errs.add(path+".address", "missing; endpoints reachable only through their network's gateway are not supported")
+		// A network-only endpoint: reachable only through its network's
+		// gateway, as Istio accepts it.
 	case a == "":
-		errs.add(path+".address", "missing")
+		errs.add(path+".address", "missing (an endpoint without an address needs a network, whose gateway reaches it)")
 	case strings.HasPrefix(a, unixPrefix):
 		p := strings.TrimPrefix(a, unixPrefix)
 		switch {
@@ -193,6 +197,14 @@ func checkWorkload(path string, we *networking.WorkloadEntry) fieldErrors {
 		}
 		if len(we.GetPorts()) > 0 {
 			errs.add(path+".ports", "a unix socket endpoint takes no ports")
+		}
+	}
+	for _, k := range sortedKeys(we.GetLabels()) {
+		if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+			errs.add(path+".labels", "invalid label key %q: %s", k, strings.Join(msgs, "; "))
+		}
+		if msgs := validation.IsValidLabelValue(we.GetLabels()[k]); len(msgs) > 0 {
+			errs.add(path+".labels."+k, "invalid label value %q: %s", we.GetLabels()[k], strings.Join(msgs, "; "))
 		}
 	}
 	for _, name := range sortedKeys(we.GetPorts()) {
@@ -212,8 +224,13 @@ func checkWorkload(path string, we *networking.WorkloadEntry) fieldErrors {
 // IPs or host names for DNS resolution.
 func addressFits(a string, res networking.ServiceEntry_Resolution, ports int) error {
 	switch {
+	case a == "" && isDNS(res):
+		// Estuary differs from Istio here: a DNS cluster carries
+		// addresses to resolve, so a network-only endpoint has no place
+		// in it.
+		return fmt.Errorf("an endpoint without an address (network-only) needs resolution STATIC, not %s", res)
 	case a == "":
-		return nil // reported by checkWorkload
+		return nil // network-only, or reported by checkWorkload
 	case strings.HasPrefix(a, unixPrefix):
 		if res != networking.ServiceEntry_STATIC {
 			return fmt.Errorf("unix socket %q needs resolution STATIC, not %s", a, res)

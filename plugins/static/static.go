@@ -55,7 +55,7 @@ var endpointSchema = sdk.Schema{Attributes: []sdk.Attribute{
 var schema = &sdk.Schema{
 	Attributes: []sdk.Attribute{
 		{Name: "cluster", Type: "string", Description: "the instance's cluster identity; defaults to mesh.cluster_id"},
-		{Name: "network", Type: "string", Description: "default network of the endpoints"},
+		{Name: "network", Type: "string", Description: "default network of the endpoints; default mesh.network when cluster is mesh.cluster_id, else none (the networks block decides)"},
 	},
 	Blocks: []sdk.Block{
 		{TypeName: "service", Labels: []string{"hostname"}, Body: sdk.Schema{
@@ -177,7 +177,7 @@ func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProp
 		diags.Errorf([]string{"cluster"}, "cluster must not be empty")
 	}
 	id := sdk.InstanceID{Provider: sdk.ProviderStatic, Cluster: cluster}
-	props := sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.Network)}
+	props := sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.NetworkOf(cluster))}
 	snap := sdk.Snapshot{Endpoints: map[string][]sdk.Endpoint{}}
 	seen := map[string]bool{}
 	for i, sc := range cfg.Services {

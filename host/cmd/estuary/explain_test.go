@@ -34,8 +34,8 @@ import (
 // for it: the same addresses, ports, weights, localities and networks.
 // For the gateways, what arrived over the wire must be proxy-config's too.
 //
-// It checks explain against what is served, not against what the example
-// promises: the example's registries inherit mesh.network (issue 15).
+// It checks explain against what is served; TestExamplesRun checks that
+// what is served is what the example promises.
 func TestExplainAgreesWithProxyConfig(t *testing.T) {
 	example, err := os.ReadFile("../../../examples/two-networks/plugins.hcl")
 	if err != nil {
@@ -175,6 +175,12 @@ func (h *host) ackedEDS(node string) bool {
 // until the test ends, so the node stays connected.
 func routerEndpoints(t *testing.T, xdsAddr, id, network, cluster string) map[string][]string {
 	t.Helper()
+	return adsEndpoints(t, xdsAddr, id, map[string]any{"NETWORK": network, "REQUESTED_NETWORK_VIEW": network, "CLUSTER_ID": cluster})
+}
+
+// adsEndpoints is routerEndpoints for any node: id and metadata md.
+func adsEndpoints(t *testing.T, xdsAddr, id string, md map[string]any) map[string][]string {
+	t.Helper()
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -190,11 +196,11 @@ func routerEndpoints(t *testing.T, xdsAddr, id, network, cluster string) map[str
 	if err != nil {
 		t.Fatal(err)
 	}
-	md, err := structpb.NewStruct(map[string]any{"NETWORK": network, "REQUESTED_NETWORK_VIEW": network, "CLUSTER_ID": cluster})
+	meta, err := structpb.NewStruct(md)
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := &corev3.Node{Id: id, Metadata: md}
+	node := &corev3.Node{Id: id, Metadata: meta}
 	send := func(req *discoveryv3.DiscoveryRequest) {
 		t.Helper()
 		req.Node = node

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -60,31 +58,6 @@ func TestKubernetesMulticlusterMergesInTheAggregate(t *testing.T) {
 	}
 }
 
-// echo creates service echo with a fixed ClusterIP and one ready endpoint.
-func echo(t *testing.T, c kubernetes.Interface, ns, clusterIP, podIP string) {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
-		Spec:       corev1.ServiceSpec{ClusterIP: clusterIP, Ports: []corev1.ServicePort{{Name: "grpc", Port: 8080}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ready := true
-	port, name := int32(8080), "grpc"
-	if _, err := c.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "echo-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{podIP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // twoClusters starts two API servers, creates service echo in a new
 // namespace of each (cluster1: VIP 10.96.1.1, pod 10.1.0.1; cluster2:
 // 10.96.2.2, 10.2.0.1), and registers cluster2 with cluster1 through a
@@ -95,8 +68,8 @@ func twoClusters(t *testing.T) (k1, k2 *testbed.Kube, ns string) {
 	k1, k2 = kubes[0], kubes[1]
 	ctx := context.Background()
 	ns = fmt.Sprintf("demo-%d", time.Now().UnixNano()%100000)
-	echo(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
-	echo(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
+	kubeEcho(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
+	kubeEcho(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
 	remote := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:

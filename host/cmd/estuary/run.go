@@ -301,6 +301,9 @@ func (h *server) reload() {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
 		return
 	}
+	if len(diags) > 0 {
+		h.logger.Warn("configuration warnings", "warnings", "\n"+config.Format(diags))
+	}
 	file := h.config()
 	if next.XDS.Listen != file.XDS.Listen || next.Admin.Listen != file.Admin.Listen {
 		h.logger.Warn("listen addresses change only on restart")

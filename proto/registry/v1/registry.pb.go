@@ -2044,9 +2044,13 @@ type Service struct {
 	MeshExternal bool `protobuf:"varint,10,opt,name=mesh_external,json=meshExternal,proto3" json:"mesh_external,omitempty"`
 	// export_to lists the namespaces the service is visible in; "*" (or empty)
 	// means all, "." means its own namespace.
-	ExportTo      []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExportTo []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	// subject_alt_names are identities (SPIFFE URIs or DNS names) a client
+	// accepts from the service's endpoints' certificates, besides those of
+	// the endpoints' service accounts, as a ServiceEntry's subjectAltNames.
+	SubjectAltNames []string `protobuf:"bytes,12,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -2152,6 +2156,13 @@ func (x *Service) GetMeshExternal() bool {
 func (x *Service) GetExportTo() []string {
 	if x != nil {
 		return x.ExportTo
+	}
+	return nil
+}
+
+func (x *Service) GetSubjectAltNames() []string {
+	if x != nil {
+		return x.SubjectAltNames
 	}
 	return nil
 }
@@ -2702,7 +2713,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\anotices\x18\x03 \x03(\v2\x1b.estuary.registry.v1.NoticeR\anotices\"<\n" +
 	"\x06Notice\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xdf\x04\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x8b\x05\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2718,7 +2729,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"resolution\x12#\n" +
 	"\rmesh_external\x18\n" +
 	" \x01(\bR\fmeshExternal\x12\x1b\n" +
-	"\texport_to\x18\v \x03(\tR\bexportTo\x1a9\n" +
+	"\texport_to\x18\v \x03(\tR\bexportTo\x12*\n" +
+	"\x11subject_alt_names\x18\f \x03(\tR\x0fsubjectAltNames\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +

@@ -247,6 +247,7 @@ func decodeService(p *registryv1.Service) *sdk.Service {
 		Resolution:        sdk.Resolution(p.GetResolution()),
 		MeshExternal:      p.GetMeshExternal(),
 		ExportTo:          p.GetExportTo(),
+		SubjectAltNames:   p.GetSubjectAltNames(),
 	}
 	if ps := p.GetPorts(); len(ps) > 0 {
 		s.Ports = make([]sdk.Port, len(ps))
