@@ -142,6 +142,12 @@ func describe(err error) string {
 			path = u.Host + u.Path
 		}
 		msg := fmt.Sprintf("%s %s: %v", ue.Op, path, ue.Err)
+		// Keep what was said around the request's error, such as the
+		// cause explain found over HTTP/1.1: on a busy machine it is the
+		// only place the agent's TLS alert appears.
+		if rest, ok := strings.CutPrefix(err.Error(), ue.Error()); ok {
+			msg += rest
+		}
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			msg = "cannot reach the agent: " + msg
 		}

@@ -75,6 +75,9 @@ func TestDescribe(t *testing.T) {
 		{"500", api.StatusError{Code: 500, Body: "No cluster leader"}, []string{"Consul failed (HTTP 500 Internal Server Error: No cluster leader)"}, nil},
 		{"refused", refused, []string{"cannot reach the agent", "127.0.0.1:8500/v1/catalog/services", "connection refused"}, []string{"index=42"}},
 		{"other", errors.New("boom"), []string{"boom"}, nil},
+		{"explained", fmt.Errorf("%w (over HTTP/1.1: %w)", &url.Error{Op: "Get", URL: "https://127.0.0.1:8501/v1/catalog/services",
+			Err: errors.New("http2: client conn could not be established")}, errors.New("remote error: tls: certificate required")),
+			[]string{"client conn could not be established", "(over HTTP/1.1: remote error: tls: certificate required)"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
