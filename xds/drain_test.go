@@ -2,6 +2,8 @@ package xds
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,8 +21,15 @@ import (
 	"github.com/estuary-mesh/estuary/host/model"
 )
 
+// errRunStuck is stop's result when Run outlives its context by 20s.
+var errRunStuck = errors.New("Run did not return within 20s of its context ending")
+
 // runStoppable runs s and returns its address and a stop that ends Run's
-// context and returns Run's result.
+// context and returns Run's result. stop may be called from any goroutine,
+// and more than once, concurrently too (a test's own call racing its
+// cleanup's after a failure): every call waits for the one receive of
+// Run's result. It never calls t.Fatal, which would only end the calling
+// goroutine when that is not the test's.
 func runStoppable(t testing.TB, s *Server) (string, func() error) {
 	t.Helper()
 	addr, err := s.Listen()
@@ -30,24 +39,26 @@ func runStoppable(t testing.TB, s *Server) (string, func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
 	var result error
-	finished := false
 	stop := func() error {
-		t.Helper()
 		cancel()
-		if finished {
-			return result
-		}
-		select {
-		case result = <-done:
-			finished = true
-			return result
-		case <-time.After(20 * time.Second):
-			t.Fatal("Run did not return within 20s of its context ending")
-			return nil
-		}
+		once.Do(func() {
+			select {
+			case result = <-done:
+			case <-time.After(20 * time.Second):
+				result = errRunStuck
+			}
+		})
+		return result
 	}
-	t.Cleanup(func() { _ = stop() })
+	t.Cleanup(func() {
+		// Run's own error is the test's to judge; a Run that never
+		// returned is always a failure.
+		if err := stop(); errors.Is(err, errRunStuck) {
+			t.Error(err)
+		}
+	})
 	return addr.String(), stop
 }
 
@@ -98,16 +109,23 @@ func TestDrainServesStreamsThroughTheGrace(t *testing.T) {
 	st, ch, _ := openCDS(t, conn)
 	cds := recv(t, ch, "CDS")
 	_ = st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: cds.GetVersionInfo(), ResponseNonce: cds.GetNonce()})
-	if conn.GetState() != connectivity.Ready {
-		t.Fatalf("connection %v before the drain, want READY", conn.GetState())
+	// A served stream does not mean the ClientConn reports READY yet:
+	// grpc-go hands its balancer's new picker to RPCs before it publishes
+	// the new state, so a whole round trip can complete while GetState
+	// still says CONNECTING. Wait for READY: leaving it is the GOAWAY's
+	// proof below, so draining before it would prove nothing.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for state := conn.GetState(); state != connectivity.Ready; state = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, state) {
+			t.Fatalf("connection %v 20s after its stream was served, want READY", conn.GetState())
+		}
 	}
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	// The GOAWAY: the client's connection leaves READY, so its next
 	// stream would go elsewhere.
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
 	for conn.GetState() == connectivity.Ready {
 		if !conn.WaitForStateChange(ctx, connectivity.Ready) {
 			t.Fatal("no GOAWAY: the connection stayed READY after the drain began")
