@@ -99,18 +99,11 @@ type peers struct {
 // view, as subset clusters share their service's identities (as Istio's
 // do).
 func (g *Generator) peersOf(svc *aggregate.Service) peers {
-	p := peers{all: true}
-	n := 0
+	var p peers
 	for _, src := range g.agg.EndpointSources(svc.Hostname) {
 		for i := range src.Set.Endpoints {
 			e := &src.Set.Endpoints[i]
-			n++
-			if e.TLSMode != sdk.TLSModeIstio {
-				p.all = false
-				continue
-			}
-			p.any = true
-			if e.ServiceAccount == "" {
+			if e.TLSMode != sdk.TLSModeIstio || e.ServiceAccount == "" {
 				continue
 			}
 			id := g.spiffeID(svc.Namespace, e.ServiceAccount)
@@ -119,7 +112,6 @@ func (g *Generator) peersOf(svc *aggregate.Service) peers {
 			}
 		}
 	}
-	p.all = p.all && n > 0
 	slices.Sort(p.sans)
 	return p
 }
@@ -141,7 +133,7 @@ func (g *Generator) spiffeID(namespace, account string) string {
 // key identifies what a cluster's TLS depends on beyond its SNI, so that
 // an endpoint change that moves it rebuilds the service's clusters.
 func (p peers) key() string {
-	return fmt.Sprintf("%t/%t/%s", p.all, p.any, strings.Join(p.sans, ","))
+	return strings.Join(p.sans, ",")
 }
 
 // applyMTLS sets the transport socket of an EDS cluster of view v whose
@@ -154,9 +146,11 @@ func (g *Generator) applyMTLS(v model.View, c *clusterv3.Cluster, sni string, p 
 	switch v.Kind {
 	case model.KindProxyless:
 		// gRPC has no transport_socket_matches (it NACKs them): a cluster
-		// is TLS or not. In PERMISSIVE it is when every endpoint speaks
-		// Istio mTLS, the closest gRPC can come to auto mTLS.
-		if mode == MTLSStrict || p.all {
+		// is TLS or not. And grpc-go NACKs a cluster that names a
+		// certificate provider its bootstrap lacks, whether or not it
+		// uses xDS credentials: so, as istiod, mTLS only when asked for
+		// (STRICT), never by default.
+		if mode == MTLSStrict {
 			c.TransportSocket = g.tlsSocket(g.grpcContext(p.sans), sni)
 		}
 	case model.KindEnvoy:
