@@ -127,9 +127,13 @@ func (g *Generator) Clusters(v model.View, svc *aggregate.Service) []*Resource {
 		case sdk.ResolutionStatic:
 			for _, subset := range append([]string{""}, subsets...) {
 				name := model.ClusterName(p.Number, subset, svc.Hostname)
-				c := edsCluster(name)
-				g.applyMTLS(v, c, model.SNIClusterName(p.Number, subset, svc.Hostname), &peers)
-				r := marshalResource(name, resourcev3.ClusterType, c)
+				sni := model.SNIClusterName(p.Number, subset, svc.Hostname)
+				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+g.mtlsSize(v, sni)), edsCluster(name))
+				if err != nil {
+					panic(err) // built from valid values
+				}
+				body = g.appendMTLS(body, v, sni, &peers)
+				r := newResource(name, resourcev3.ClusterType, body)
 				r.eds, r.peers = true, g.peersKey(&peers)
 				out = append(out, r)
 			}
@@ -178,7 +182,7 @@ func (g *Generator) peersKey(p *peers) string {
 	if g.mtls.Mode == MTLSDisable {
 		return ""
 	}
-	return p.key()
+	return p.key
 }
 
 // peersChanged reports whether the endpoint identities that the TLS of
@@ -191,7 +195,7 @@ func (g *Generator) peersChanged(host, key string) bool {
 	if svc == nil || svc.Resolution != sdk.ResolutionStatic {
 		return false
 	}
-	return g.peersOf(svc).key() != key
+	return g.peersOf(svc).key != key
 }
 
 // dnsCluster resolves a DNS service's endpoint hostnames in the client:

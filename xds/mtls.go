@@ -88,11 +88,11 @@ const (
 // east-west gateway's filter chains match on.
 var alpnInMesh = []string{"istio-peer-exchange", "istio"}
 
-// peers is what decides the TLS of a service's clusters: the SPIFFE IDs
-// of its endpoints, and whether they all (some) speak Istio mTLS.
+// peers is what the TLS of a service's clusters depends on beyond the
+// mode and SNI: the SPIFFE IDs of its endpoints in Istio mTLS.
 type peers struct {
-	sans     []string
-	all, any bool
+	sans []string
+	key  string // sans joined: what the cache and the contexts are keyed by
 }
 
 // peersOf reads a service's endpoints; the result is the same for every
@@ -113,6 +113,7 @@ func (g *Generator) peersOf(svc *aggregate.Service) peers {
 		}
 	}
 	slices.Sort(p.sans)
+	p.key = strings.Join(p.sans, ",")
 	return p
 }
 
@@ -130,48 +131,19 @@ func (g *Generator) spiffeID(namespace, account string) string {
 	return model.Identity{TrustDomain: td, Namespace: namespace, ServiceAccount: account}.String()
 }
 
-// key identifies what a cluster's TLS depends on beyond its SNI, so that
-// an endpoint change that moves it rebuilds the service's clusters.
-func (p peers) key() string {
-	return strings.Join(p.sans, ",")
-}
-
-// applyMTLS sets the transport socket of an EDS cluster of view v whose
-// SNI is sni, by the mesh mode (see README "Workload mTLS").
-func (g *Generator) applyMTLS(v model.View, c *clusterv3.Cluster, sni string, p *peers) {
-	mode := g.mtls.Mode
-	if mode == MTLSDisable {
-		return
-	}
-	switch v.Kind {
-	case model.KindProxyless:
-		// gRPC has no transport_socket_matches (it NACKs them): a cluster
-		// is TLS or not. And grpc-go NACKs a cluster that names a
-		// certificate provider its bootstrap lacks, whether or not it
-		// uses xDS credentials: so, as istiod, mTLS only when asked for
-		// (STRICT), never by default.
-		if mode == MTLSStrict {
-			c.TransportSocket = g.tlsSocket(g.grpcContext(p.sans), sni)
-		}
-	case model.KindEnvoy:
-		tls := g.tlsSocket(g.envoyContext(p.sans), sni)
-		if mode == MTLSStrict {
-			c.TransportSocket = tls
-			return
-		}
-		c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{
-			{Name: tlsModeMatchName, Match: tlsModeIstioMatch, TransportSocket: tls},
-			{Name: plaintextMatchName, Match: &structpb.Struct{}, TransportSocket: rawBufferSocket},
-		}
-	}
-}
-
+// The parts of Istio's transport socket matches that never change,
+// marshaled once: the match on tlsMode: istio, and the plain-text match
+// of every other endpoint.
 var (
-	tlsModeIstioMatch = &structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}}
-	rawBufferSocket   = &corev3.TransportSocket{
-		Name:       transportSocketRaw,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})},
-	}
+	tlsModeIstioMatchBytes = mustMarshal(&structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}})
+	plaintextMatchBytes    = mustMarshal(&clusterv3.Cluster_TransportSocketMatch{
+		Name:  plaintextMatchName,
+		Match: &structpb.Struct{},
+		TransportSocket: &corev3.TransportSocket{
+			Name:       transportSocketRaw,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})},
+		},
+	})
 )
 
 func mustAny(m proto.Message) *anypb.Any {
@@ -182,20 +154,104 @@ func mustAny(m proto.Message) *anypb.Any {
 	return a
 }
 
-// tlsSocket is an UpstreamTlsContext of a common context marshaled once
-// per identity set (common) and the cluster's SNI, spliced with protowire
-// so that a thousand clusters do not marshal a thousand copies of the
-// same context.
-func (g *Generator) tlsSocket(common []byte, sni string) *corev3.TransportSocket {
-	b := make([]byte, 0, len(common)+len(sni)+8)
-	b = protowire.AppendTag(b, upstreamCommonTLSContext, protowire.BytesType)
-	b = protowire.AppendBytes(b, common)
-	b = protowire.AppendTag(b, upstreamSNI, protowire.BytesType)
-	b = protowire.AppendString(b, sni)
-	return &corev3.TransportSocket{
-		Name:       transportSocketTLS,
-		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: &anypb.Any{TypeUrl: upstreamTLSContextURL, Value: b}},
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		panic(err)
 	}
+	return b
+}
+
+// appendMTLS appends to a marshaled cluster of view v whose SNI is sni
+// what it carries for mTLS by the mesh mode (see README "Workload mTLS"),
+// as Cluster fields. The contexts are marshaled once per identity set and
+// spliced per SNI, with sizes computed ahead, so TLS costs little more
+// than its bytes.
+func (g *Generator) appendMTLS(b []byte, v model.View, sni string, p *peers) []byte {
+	mode := g.mtls.Mode
+	if mode == MTLSDisable {
+		return b
+	}
+	switch v.Kind {
+	case model.KindProxyless:
+		// gRPC has no transport_socket_matches (it NACKs them): a cluster
+		// is TLS or not. And grpc-go NACKs a cluster that names a
+		// certificate provider its bootstrap lacks, whether or not it
+		// uses xDS credentials: so, as istiod, mTLS only when asked for
+		// (STRICT), never by default.
+		if mode == MTLSStrict {
+			common := g.grpcContext(p)
+			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
+			return appendTLSSocket(b, common, sni)
+		}
+	case model.KindEnvoy:
+		common := g.envoyContext(p)
+		if mode == MTLSStrict {
+			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
+			return appendTLSSocket(b, common, sni)
+		}
+		ts := tlsSocketSize(common, sni)
+		m := 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) + 1 + protowire.SizeBytes(ts)
+		b = protowire.AppendTag(b, clusterTransportSocketMatches, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(m))
+		b = appendStringField(b, tsmName, tlsModeMatchName)
+		b = appendBytesField(b, tsmMatch, tlsModeIstioMatchBytes)
+		b = protowire.AppendTag(b, tsmTransportSocket, protowire.BytesType)
+		b = appendTLSSocket(b, common, sni)
+		return appendBytesField(b, clusterTransportSocketMatches, plaintextMatchBytes)
+	}
+	return b
+}
+
+// mtlsSize bounds what appendMTLS adds, so the cluster is marshaled into
+// a buffer that has room for it, and no more when it adds nothing.
+func (g *Generator) mtlsSize(v model.View, sni string) int {
+	if g.mtls.Mode == MTLSDisable || (v.Kind == model.KindProxyless && g.mtls.Mode != MTLSStrict) {
+		return 0
+	}
+	return 2400 + 2*len(sni)
+}
+
+// Field numbers of the messages mtlsSuffix splices;
+// TestTLSSocketMatchesEnvoyTypes holds them against the generated types.
+const (
+	clusterTransportSocket        = 24 // Cluster.transport_socket
+	clusterTransportSocketMatches = 43 // Cluster.transport_socket_matches
+	tsmName                       = 1  // TransportSocketMatch.name
+	tsmMatch                      = 2  // TransportSocketMatch.match
+	tsmTransportSocket            = 3  // TransportSocketMatch.transport_socket
+	tsName                        = 1  // TransportSocket.name
+	tsTypedConfig                 = 3  // TransportSocket.typed_config
+	anyTypeURL                    = 1  // Any.type_url
+	anyValue                      = 2  // Any.value
+)
+
+func appendBytesField(b []byte, num protowire.Number, v []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+// tlsSocketSize is the size of a TransportSocket holding an
+// UpstreamTlsContext of common and sni; appendTLSSocket appends it,
+// length first.
+func tlsSocketSize(common []byte, sni string) int {
+	u := 1 + protowire.SizeBytes(len(common)) + 1 + protowire.SizeBytes(len(sni))
+	a := 1 + protowire.SizeBytes(len(upstreamTLSContextURL)) + 1 + protowire.SizeBytes(u)
+	return 1 + protowire.SizeBytes(len(transportSocketTLS)) + 1 + protowire.SizeBytes(a)
+}
+
+func appendTLSSocket(b, common []byte, sni string) []byte {
+	u := 1 + protowire.SizeBytes(len(common)) + 1 + protowire.SizeBytes(len(sni))
+	a := 1 + protowire.SizeBytes(len(upstreamTLSContextURL)) + 1 + protowire.SizeBytes(u)
+	b = protowire.AppendVarint(b, uint64(tlsSocketSize(common, sni)))
+	b = appendStringField(b, tsName, transportSocketTLS)
+	b = protowire.AppendTag(b, tsTypedConfig, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(a))
+	b = appendStringField(b, anyTypeURL, upstreamTLSContextURL)
+	b = protowire.AppendTag(b, anyValue, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(u))
+	b = appendBytesField(b, upstreamCommonTLSContext, common)
+	return protowire.AppendString(protowire.AppendTag(b, upstreamSNI, protowire.BytesType), sni)
 }
 
 // Field numbers of UpstreamTlsContext; TestTLSSocketMatchesEnvoyTypes
@@ -248,8 +304,9 @@ func sanMatchers(sans []string) []*matcherv3.StringMatcher {
 // envoyContext is Istio's ISTIO_MUTUAL context: certificate and root from
 // the workload agent's SDS, peers checked against the service's
 // identities, Istio's ALPN.
-func (g *Generator) envoyContext(sans []string) []byte {
-	return g.common.get(commonKey{model.KindEnvoy, strings.Join(sans, "\x00")}, func() *tlsv3.CommonTlsContext {
+func (g *Generator) envoyContext(p *peers) []byte {
+	sans := p.sans
+	return g.common.get(commonKey{model.KindEnvoy, p.key}, func() *tlsv3.CommonTlsContext {
 		return &tlsv3.CommonTlsContext{
 			TlsParams: &tlsv3.TlsParameters{
 				TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
@@ -290,8 +347,9 @@ func sdsSecret(name string) *tlsv3.SdsSecretConfig {
 // grpcContext is what proxyless gRPC accepts (gRFC A29): identity and
 // root from the certificate provider instance "default" of its
 // bootstrap, no tls_params (gRPC NACKs them), no ALPN (gRPC ignores it).
-func (g *Generator) grpcContext(sans []string) []byte {
-	return g.common.get(commonKey{model.KindProxyless, strings.Join(sans, "\x00")}, func() *tlsv3.CommonTlsContext {
+func (g *Generator) grpcContext(p *peers) []byte {
+	sans := p.sans
+	return g.common.get(commonKey{model.KindProxyless, p.key}, func() *tlsv3.CommonTlsContext {
 		return &tlsv3.CommonTlsContext{
 			TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: certProviderInstance, CertificateName: sdsDefaultSecret},
 			// A plain validation context: a combined one requires an SDS

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/estuary-mesh/estuary/host/model"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
@@ -297,10 +298,21 @@ func TestPushRebuildsClustersWhenIdentitiesChange(t *testing.T) {
 // TestTLSSocketMatchesEnvoyTypes holds the field numbers tlsSocket splices
 // against the generated UpstreamTlsContext.
 func TestTLSSocketMatchesEnvoyTypes(t *testing.T) {
-	fields := (&tlsv3.UpstreamTlsContext{}).ProtoReflect().Descriptor().Fields()
-	for name, num := range map[protoreflect.Name]protoreflect.FieldNumber{"common_tls_context": upstreamCommonTLSContext, "sni": upstreamSNI} {
-		if f := fields.ByName(name); f == nil || f.Number() != num {
-			t.Errorf("UpstreamTlsContext.%s is not field %d", name, num)
+	for _, tc := range []struct {
+		m      proto.Message
+		fields map[protoreflect.Name]protoreflect.FieldNumber
+	}{
+		{&tlsv3.UpstreamTlsContext{}, map[protoreflect.Name]protoreflect.FieldNumber{"common_tls_context": upstreamCommonTLSContext, "sni": upstreamSNI}},
+		{&clusterv3.Cluster{}, map[protoreflect.Name]protoreflect.FieldNumber{"transport_socket": clusterTransportSocket, "transport_socket_matches": clusterTransportSocketMatches}},
+		{&clusterv3.Cluster_TransportSocketMatch{}, map[protoreflect.Name]protoreflect.FieldNumber{"name": tsmName, "match": tsmMatch, "transport_socket": tsmTransportSocket}},
+		{&corev3.TransportSocket{}, map[protoreflect.Name]protoreflect.FieldNumber{"name": tsName, "typed_config": tsTypedConfig}},
+		{&anypb.Any{}, map[protoreflect.Name]protoreflect.FieldNumber{"type_url": anyTypeURL, "value": anyValue}},
+	} {
+		d := tc.m.ProtoReflect().Descriptor()
+		for name, num := range tc.fields {
+			if f := d.Fields().ByName(name); f == nil || f.Number() != num {
+				t.Errorf("%s.%s is not field %d", d.FullName(), name, num)
+			}
 		}
 	}
 }
@@ -334,7 +346,7 @@ func BenchmarkCDSGeneration(b *testing.B) {
 		{"envoy/tls=PERMISSIVE/cold", model.KindEnvoy, MTLSPermissive, true},
 		{"envoy/tls=STRICT", model.KindEnvoy, MTLSStrict, false},
 		{"proxyless/tls=DISABLE", model.KindProxyless, MTLSDisable, false},
-		{"proxyless/tls=PERMISSIVE", model.KindProxyless, MTLSPermissive, false},
+		{"proxyless/tls=STRICT", model.KindProxyless, MTLSStrict, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			gen := NewGenerator(f.agg, nil)
