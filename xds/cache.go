@@ -631,7 +631,7 @@ func (c *Cache) Push(change model.Change) PushStats {
 		} else {
 			for _, host := range slices.Sorted(maps.Keys(change.Services)) {
 				attrs := change.Services[host]
-				if attrs || c.subsetsChangedLocked(vs, host) {
+				if attrs || c.subsetsChangedLocked(vs, host) || c.peersChangedLocked(vs, host) {
 					rebuilt = true
 					for t, names := range c.buildHostLocked(vs, host, c.gen.agg.GetService(host)) {
 						changed[t] = append(changed[t], names...)
@@ -715,6 +715,21 @@ func (c *Cache) subsetsChangedLocked(vs *viewState, host string) bool {
 		return have > 0
 	}
 	return have != len(want)*len(svc.Ports)
+}
+
+// peersChangedLocked reports whether the endpoint identities that the TLS
+// of host's clusters was built from changed: an endpoint change can move
+// them (a new service account, a workload that gained its sidecar).
+func (c *Cache) peersChangedLocked(vs *viewState, host string) bool {
+	if vs.view.Kind == model.KindRouter {
+		return false // SNI passthrough: a gateway's clusters carry no TLS
+	}
+	for _, n := range vs.hostNames[tCluster][host] {
+		if r := vs.res[tCluster][n]; r != nil && r.eds {
+			return c.gen.peersChanged(host, r.peers)
+		}
+	}
+	return false
 }
 
 // rebuildEndpointsLocked rebuilds the CLAs of host the view holds, and

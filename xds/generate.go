@@ -37,7 +37,11 @@ type Resource struct {
 	host  string
 	built pipeline.Version
 	// eds marks clusters whose endpoints come by EDS.
-	eds     bool
+	eds bool
+	// peers is the key of the endpoint identities a cluster's TLS was
+	// built from (peers.key), so an endpoint change that moves them
+	// rebuilds it.
+	peers   string
 	any     anypb.Any // Any points here: one allocation per resource
 	version [13]byte  // the version's bytes: a base-36 uint64 fits
 	nver    uint8
@@ -74,6 +78,10 @@ type Generator struct {
 	agg *aggregate.Registry
 	eds *pipeline.Pipeline
 	enc claEncoder
+	// mtls is the mesh's workload mTLS; common caches the TLS contexts
+	// built for it.
+	mtls   MTLS
+	common commonCache
 	// scratch holds *pipeline.Scratch for reuse between CLA builds: the
 	// encoder copies everything out, so the pipeline's groups and their
 	// endpoint slices keep their capacity for the next build.
@@ -110,13 +118,23 @@ func (g *Generator) Clusters(v model.View, svc *aggregate.Service) []*Resource {
 	}
 	var out []*Resource
 	subsets := g.Subsets(svc.Hostname)
+	var peers peers
+	if svc.Resolution == sdk.ResolutionStatic && g.mtls.Mode != MTLSDisable {
+		peers = g.peersOf(svc)
+	}
 	for _, p := range svc.Ports {
 		switch svc.Resolution {
 		case sdk.ResolutionStatic:
 			for _, subset := range append([]string{""}, subsets...) {
 				name := model.ClusterName(p.Number, subset, svc.Hostname)
-				r := marshalResource(name, resourcev3.ClusterType, edsCluster(name))
-				r.eds = true
+				sni := model.SNIClusterName(p.Number, subset, svc.Hostname)
+				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+g.mtlsSize(v, sni)), edsCluster(name))
+				if err != nil {
+					panic(err) // built from valid values
+				}
+				body = g.appendMTLS(body, v, sni, &peers)
+				r := newResource(name, resourcev3.ClusterType, body)
+				r.eds, r.peers = true, g.peersKey(&peers)
 				out = append(out, r)
 			}
 		case sdk.ResolutionDNS, sdk.ResolutionDNSRoundRobin:
@@ -156,6 +174,28 @@ func edsCluster(name string) *clusterv3.Cluster {
 		ConnectTimeout:       durationpb.New(connectTimeout),
 		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
 	}
+}
+
+// peersKey is what the cache compares to tell that a service's clusters
+// must be rebuilt for their TLS: nothing when mTLS is off.
+func (g *Generator) peersKey(p *peers) string {
+	if g.mtls.Mode == MTLSDisable {
+		return ""
+	}
+	return p.key
+}
+
+// peersChanged reports whether the endpoint identities that the TLS of
+// host's clusters depends on differ from key.
+func (g *Generator) peersChanged(host, key string) bool {
+	if g.mtls.Mode == MTLSDisable {
+		return false
+	}
+	svc := g.agg.GetService(host)
+	if svc == nil || svc.Resolution != sdk.ResolutionStatic {
+		return false
+	}
+	return g.peersOf(svc).key != key
 }
 
 // dnsCluster resolves a DNS service's endpoint hostnames in the client:

@@ -63,6 +63,8 @@ type Options struct {
 	Policy *Policy
 	// Limits bound per-client state.
 	Limits Limits
+	// MTLS is the mesh's workload mTLS, which the clusters carry.
+	MTLS MTLS
 }
 
 // Server is the ADS server.
@@ -167,6 +169,7 @@ type Upstream interface {
 // on.
 func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
 	gen := NewGenerator(agg, eds)
+	gen.mtls = opts.MTLS
 	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{
 		opts:    opts,

@@ -1,6 +1,7 @@
 // Package config reads plugins.hcl, the host's configuration file.
 //
-//	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = "" }
+//	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = ""
+//	          mtls = "PERMISSIVE"  trust_domain = "cluster.local" }
 //	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s"
 //	          max_connection_age = "30m"  drain_grace = "5s"
 //	          insecure = false  max_views = 1000  max_connections = 10000
@@ -28,6 +29,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +47,8 @@ const (
 	DefaultXDSListen     = "127.0.0.1:15010"
 	DefaultAdminListen   = "127.0.0.1:15014"
 	DefaultDomainSuffix  = "cluster.local"
+	DefaultMTLS          = "PERMISSIVE"
+	DefaultTrustDomain   = "cluster.local"
 	DefaultClusterID     = "Kubernetes"
 	DefaultDebounceAfter = 100 * time.Millisecond
 	DefaultDebounceMax   = 10 * time.Second
@@ -88,7 +92,15 @@ type Mesh struct {
 	DomainSuffix string `json:"domain_suffix"`
 	ClusterID    string `json:"cluster_id"`
 	Network      string `json:"network"`
+	// MTLS is the workload mTLS mode of the clusters Estuary serves:
+	// STRICT, PERMISSIVE (Istio's auto mTLS, the default) or DISABLE.
+	MTLS string `json:"mtls"`
+	// TrustDomain completes bare service account names into SPIFFE IDs.
+	TrustDomain string `json:"trust_domain"`
 }
+
+// MTLSModes are the values of mesh mtls: Istio's PeerAuthentication modes.
+var MTLSModes = []string{"STRICT", "PERMISSIVE", "DISABLE"}
 
 // Settings converts the mesh block for plugins.
 func (m Mesh) Settings() sdk.MeshSettings {
@@ -213,6 +225,8 @@ type meshBlock struct {
 	DomainSuffix *string `hcl:"domain_suffix,optional"`
 	ClusterID    *string `hcl:"cluster_id,optional"`
 	Network      *string `hcl:"network,optional"`
+	MTLS         *string `hcl:"mtls,optional"`
+	TrustDomain  *string `hcl:"trust_domain,optional"`
 }
 
 type xdsBlock struct {
@@ -291,7 +305,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 	out := &File{
 		Filename: filename,
 		Source:   src,
-		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID},
+		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID, MTLS: DefaultMTLS, TrustDomain: DefaultTrustDomain},
 		XDS: XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax,
 			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace,
 			MaxViews: DefaultMaxViews, MaxConnections: DefaultMaxConnections, MaxStreamsPerConnection: DefaultMaxStreamsPerConnection,
@@ -402,6 +416,22 @@ func decodeMesh(b *hcl.Block, m *Mesh) hcl.Diagnostics {
 	}
 	if mb.Network != nil {
 		m.Network = *mb.Network
+	}
+	if mb.MTLS != nil {
+		m.MTLS = *mb.MTLS
+		if !slices.Contains(MTLSModes, m.MTLS) {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Unknown mtls mode",
+				Detail:  fmt.Sprintf("mtls = %q: must be one of %s.", m.MTLS, strings.Join(MTLSModes, ", ")),
+				Subject: attrRange(b.Body, "mtls").Ptr()})
+		}
+	}
+	if mb.TrustDomain != nil {
+		m.TrustDomain = *mb.TrustDomain
+		if m.TrustDomain == "" || strings.ContainsAny(m.TrustDomain, "/:") {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid trust_domain",
+				Detail:  fmt.Sprintf("trust_domain = %q: must be a non-empty name without \"/\" or \":\", as in spiffe://TRUST_DOMAIN/ns/NS/sa/SA.", m.TrustDomain),
+				Subject: attrRange(b.Body, "trust_domain").Ptr()})
+		}
 	}
 	return diags
 }

@@ -226,6 +226,18 @@ admin {
 }
 `,
 		want: `plugins.hcl:2:16: error: Empty cluster_id`,
+	}, {
+		name: "unknown mtls mode",
+		src: `mesh {
+  mtls = "strict"
+}
+`,
+		want: `plugins.hcl:2:10: error: Unknown mtls mode: mtls = "strict": must be one of STRICT, PERMISSIVE, DISABLE`,
+	}, {
+		name: "trust domain with a path",
+		src: `mesh { trust_domain = "spiffe://cluster.local" }
+`,
+		want: `plugins.hcl:1:23: error: Invalid trust_domain: trust_domain = "spiffe://cluster.local": must be a non-empty name without "/" or ":", as in spiffe://TRUST_DOMAIN/ns/NS/sa/SA`,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,6 +246,19 @@ admin {
 				t.Errorf("diagnostics:\n got: %s\nwant: %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestMeshMTLS: each mode and a trust domain are read as written.
+func TestMeshMTLS(t *testing.T) {
+	for _, mode := range config.MTLSModes {
+		f, diags := parse(t, "mesh {\n  mtls = \""+mode+"\"\n  trust_domain = \"example.org\"\n}\n")
+		if diags != "" {
+			t.Fatalf("mtls = %q: %s", mode, diags)
+		}
+		if f.Mesh.MTLS != mode || f.Mesh.TrustDomain != "example.org" {
+			t.Errorf("mesh = %+v, want mtls %s and trust domain example.org", f.Mesh, mode)
+		}
 	}
 }
 
@@ -268,7 +293,7 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatalf("unexpected diagnostics:\n%s", diags)
 	}
 	want := config.File{
-		Mesh: config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: ""},
+		Mesh: config.Mesh{DomainSuffix: "cluster.local", ClusterID: "Kubernetes", Network: "", MTLS: "PERMISSIVE", TrustDomain: "cluster.local"},
 		XDS: config.XDS{Listen: "127.0.0.1:15010", DebounceAfter: 100 * time.Millisecond, DebounceMax: 10 * time.Second,
 			MaxConnectionAge: 30 * time.Minute, DrainGrace: 5 * time.Second,
 			MaxViews: 1000, MaxConnections: 10000, MaxStreamsPerConnection: 100, MaxResourceNames: 50000, MaxUnknownTypes: 4},
@@ -341,7 +366,7 @@ plugin "hello" {
 	if diags != "" {
 		t.Fatalf("unexpected diagnostics:\n%s", diags)
 	}
-	if want := (config.Mesh{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east"}); f.Mesh != want {
+	if want := (config.Mesh{DomainSuffix: "mesh.example", ClusterID: "east", Network: "net-east", MTLS: "PERMISSIVE", TrustDomain: "cluster.local"}); f.Mesh != want {
 		t.Errorf("mesh = %+v, want %+v", f.Mesh, want)
 	}
 	if want := (config.XDS{Listen: "0.0.0.0:18000", DebounceAfter: 250 * time.Millisecond, DebounceMax: 2 * time.Second, DrainGrace: 20 * time.Second,

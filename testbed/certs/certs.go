@@ -148,3 +148,19 @@ func Pool(cas ...*CA) *x509.CertPool {
 	}
 	return p
 }
+
+// Workload issues a workload certificate as Istio's CA does: the SPIFFE
+// ID as its URI SAN, good for serving and for client authentication,
+// and valid for 127.0.0.1, where test workloads listen.
+func (ca *CA) Workload(tb testing.TB, spiffeID string) Pair {
+	tb.Helper()
+	u, err := url.Parse(spiffeID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ca.issue(tb, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "workload"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, URIs: []*url.URL{u},
+	})
+}

@@ -147,6 +147,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
 	xo := xdsOptions(file.XDS)
+	xo.MTLS = meshMTLS(file.Mesh)
 	xo.Ready = h.ready // xDS answers no one before /readyz is first true
 	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
@@ -313,6 +314,9 @@ func (h *server) reload() {
 	}
 	if a, b := xdsOptions(next.XDS), xdsOptions(file.XDS); !reflect.DeepEqual([]any{a.TLS, a.Policy, a.Limits}, []any{b.TLS, b.Policy, b.Limits}) {
 		h.logger.Warn("xds tls, authorize and limits change only on restart (the TLS files' contents reload by themselves)")
+	}
+	if meshMTLS(next.Mesh) != meshMTLS(file.Mesh) {
+		h.logger.Warn("mesh mtls and trust_domain change only on restart")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))

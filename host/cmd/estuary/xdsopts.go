@@ -29,6 +29,16 @@ func xdsOptions(x config.XDS) xds.Options {
 	return o
 }
 
+// meshMTLS is the workload mTLS the clusters carry; config validated the
+// mode, and an empty one (a File not from Load) is the default.
+func meshMTLS(m config.Mesh) xds.MTLS {
+	mode, err := xds.ParseMTLSMode(m.MTLS)
+	if err != nil {
+		mode = xds.MTLSPermissive
+	}
+	return xds.MTLS{Mode: mode, TrustDomain: m.TrustDomain}
+}
+
 // xdsWarnings are what the operator must know about the xds block: plain
 // text beyond loopback, which insecure = true allowed. The host logs them
 // at start-up and /readyz shows them.

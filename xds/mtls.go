@@ -1,0 +1,365 @@
+package xds
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/estuary-mesh/estuary/host/aggregate"
+	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/sdk"
+)
+
+// MTLSMode is the mesh-wide mode of workload mTLS: what the clusters a
+// client receives do about TLS towards the endpoints of a service.
+type MTLSMode uint8
+
+const (
+	// MTLSPermissive is Istio's auto mTLS, and the default: endpoints
+	// whose workload speaks Istio mTLS (tlsMode: istio) are reached over
+	// mTLS, the others in plain text.
+	MTLSPermissive MTLSMode = iota
+	// MTLSStrict reaches every endpoint over mTLS.
+	MTLSStrict
+	// MTLSDisable reaches every endpoint in plain text.
+	MTLSDisable
+)
+
+var mtlsModeNames = [...]string{MTLSPermissive: "PERMISSIVE", MTLSStrict: "STRICT", MTLSDisable: "DISABLE"}
+
+func (m MTLSMode) String() string {
+	if int(m) < len(mtlsModeNames) {
+		return mtlsModeNames[m]
+	}
+	return fmt.Sprintf("MTLSMode(%d)", m)
+}
+
+// ParseMTLSMode reads a mode as plugins.hcl spells it.
+func ParseMTLSMode(s string) (MTLSMode, error) {
+	for i, n := range mtlsModeNames {
+		if s == n {
+			return MTLSMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("mtls mode %q is not one of %s", s, strings.Join(mtlsModeNames[:], ", "))
+}
+
+// MTLS is the workload mTLS settings of the mesh.
+type MTLS struct {
+	Mode MTLSMode
+	// TrustDomain completes a bare service account name into a SPIFFE ID;
+	// "cluster.local" when empty.
+	TrustDomain string
+}
+
+// DefaultTrustDomain is Istio's default trust domain.
+const DefaultTrustDomain = "cluster.local"
+
+// Names shared with the workload's agent, as Istio sets them: the SDS
+// secrets of the workload certificate and of the root, the cluster of the
+// istio-agent's SDS socket in an Envoy bootstrap, and the certificate
+// provider instance of a proxyless gRPC bootstrap (gRFC A29).
+const (
+	sdsDefaultSecret      = "default"
+	sdsRootSecret         = "ROOTCA"
+	sdsClusterName        = "sds-grpc"
+	certProviderInstance  = "default"
+	transportSocketTLS    = "envoy.transport_sockets.tls"
+	transportSocketRaw    = "envoy.transport_sockets.raw_buffer"
+	tlsModeMatchName      = "tlsMode-istio"
+	plaintextMatchName    = "tlsMode-disabled"
+	upstreamTLSContextURL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+)
+
+// alpnInMesh is what Istio's sidecars offer to an in-mesh peer: metadata
+// exchange, then "istio", which the peer's inbound listener and the
+// east-west gateway's filter chains match on.
+var alpnInMesh = []string{"istio-peer-exchange", "istio"}
+
+// peers is what the TLS of a service's clusters depends on beyond the
+// mode and SNI: the SPIFFE IDs of its endpoints in Istio mTLS.
+type peers struct {
+	sans []string
+	key  string // sans joined: what the cache and the contexts are keyed by
+}
+
+// peersOf reads a service's endpoints; the result is the same for every
+// view, as subset clusters share their service's identities (as Istio's
+// do).
+func (g *Generator) peersOf(svc *aggregate.Service) peers {
+	var p peers
+	for _, src := range g.agg.EndpointSources(svc.Hostname) {
+		for i := range src.Set.Endpoints {
+			e := &src.Set.Endpoints[i]
+			if e.TLSMode != sdk.TLSModeIstio || e.ServiceAccount == "" {
+				continue
+			}
+			id := g.spiffeID(svc.Namespace, e.ServiceAccount)
+			if !slices.Contains(p.sans, id) {
+				p.sans = append(p.sans, id)
+			}
+		}
+	}
+	slices.Sort(p.sans)
+	p.key = strings.Join(p.sans, ",")
+	return p
+}
+
+// spiffeID is an endpoint's identity: its service account when it is a
+// SPIFFE ID already (Kubernetes), else a bare account name in the
+// service's namespace (a WorkloadEntry, a static endpoint).
+func (g *Generator) spiffeID(namespace, account string) string {
+	if strings.HasPrefix(account, "spiffe://") {
+		return account
+	}
+	td := g.mtls.TrustDomain
+	if td == "" {
+		td = DefaultTrustDomain
+	}
+	return model.Identity{TrustDomain: td, Namespace: namespace, ServiceAccount: account}.String()
+}
+
+// The parts of Istio's transport socket matches that never change,
+// marshaled once: the match on tlsMode: istio, and the plain-text match
+// of every other endpoint.
+var (
+	tlsModeIstioMatchBytes = mustMarshal(&structpb.Struct{Fields: map[string]*structpb.Value{"tlsMode": structpb.NewStringValue("istio")}})
+	plaintextMatchBytes    = mustMarshal(&clusterv3.Cluster_TransportSocketMatch{
+		Name:  plaintextMatchName,
+		Match: &structpb.Struct{},
+		TransportSocket: &corev3.TransportSocket{
+			Name:       transportSocketRaw,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})},
+		},
+	})
+)
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// appendMTLS appends to a marshaled cluster of view v whose SNI is sni
+// what it carries for mTLS by the mesh mode (see README "Workload mTLS"),
+// as Cluster fields. The contexts are marshaled once per identity set and
+// spliced per SNI, with sizes computed ahead, so TLS costs little more
+// than its bytes.
+func (g *Generator) appendMTLS(b []byte, v model.View, sni string, p *peers) []byte {
+	mode := g.mtls.Mode
+	if mode == MTLSDisable {
+		return b
+	}
+	switch v.Kind {
+	case model.KindProxyless:
+		// gRPC has no transport_socket_matches (it NACKs them): a cluster
+		// is TLS or not. And grpc-go NACKs a cluster that names a
+		// certificate provider its bootstrap lacks, whether or not it
+		// uses xDS credentials: so, as istiod, mTLS only when asked for
+		// (STRICT), never by default.
+		if mode == MTLSStrict {
+			common := g.grpcContext(p)
+			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
+			return appendTLSSocket(b, common, sni)
+		}
+	case model.KindEnvoy:
+		common := g.envoyContext(p)
+		if mode == MTLSStrict {
+			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
+			return appendTLSSocket(b, common, sni)
+		}
+		ts := tlsSocketSize(common, sni)
+		m := 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) + 1 + protowire.SizeBytes(ts)
+		b = protowire.AppendTag(b, clusterTransportSocketMatches, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(m))
+		b = appendStringField(b, tsmName, tlsModeMatchName)
+		b = appendBytesField(b, tsmMatch, tlsModeIstioMatchBytes)
+		b = protowire.AppendTag(b, tsmTransportSocket, protowire.BytesType)
+		b = appendTLSSocket(b, common, sni)
+		return appendBytesField(b, clusterTransportSocketMatches, plaintextMatchBytes)
+	}
+	return b
+}
+
+// mtlsSize bounds what appendMTLS adds, so the cluster is marshaled into
+// a buffer that has room for it, and no more when it adds nothing.
+func (g *Generator) mtlsSize(v model.View, sni string) int {
+	if g.mtls.Mode == MTLSDisable || (v.Kind == model.KindProxyless && g.mtls.Mode != MTLSStrict) {
+		return 0
+	}
+	return 2400 + 2*len(sni)
+}
+
+// Field numbers of the messages mtlsSuffix splices;
+// TestTLSSocketMatchesEnvoyTypes holds them against the generated types.
+const (
+	clusterTransportSocket        = 24 // Cluster.transport_socket
+	clusterTransportSocketMatches = 43 // Cluster.transport_socket_matches
+	tsmName                       = 1  // TransportSocketMatch.name
+	tsmMatch                      = 2  // TransportSocketMatch.match
+	tsmTransportSocket            = 3  // TransportSocketMatch.transport_socket
+	tsName                        = 1  // TransportSocket.name
+	tsTypedConfig                 = 3  // TransportSocket.typed_config
+	anyTypeURL                    = 1  // Any.type_url
+	anyValue                      = 2  // Any.value
+)
+
+func appendBytesField(b []byte, num protowire.Number, v []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+// tlsSocketSize is the size of a TransportSocket holding an
+// UpstreamTlsContext of common and sni; appendTLSSocket appends it,
+// length first.
+func tlsSocketSize(common []byte, sni string) int {
+	u := 1 + protowire.SizeBytes(len(common)) + 1 + protowire.SizeBytes(len(sni))
+	a := 1 + protowire.SizeBytes(len(upstreamTLSContextURL)) + 1 + protowire.SizeBytes(u)
+	return 1 + protowire.SizeBytes(len(transportSocketTLS)) + 1 + protowire.SizeBytes(a)
+}
+
+func appendTLSSocket(b, common []byte, sni string) []byte {
+	u := 1 + protowire.SizeBytes(len(common)) + 1 + protowire.SizeBytes(len(sni))
+	a := 1 + protowire.SizeBytes(len(upstreamTLSContextURL)) + 1 + protowire.SizeBytes(u)
+	b = protowire.AppendVarint(b, uint64(tlsSocketSize(common, sni)))
+	b = appendStringField(b, tsName, transportSocketTLS)
+	b = protowire.AppendTag(b, tsTypedConfig, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(a))
+	b = appendStringField(b, anyTypeURL, upstreamTLSContextURL)
+	b = protowire.AppendTag(b, anyValue, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(u))
+	b = appendBytesField(b, upstreamCommonTLSContext, common)
+	return protowire.AppendString(protowire.AppendTag(b, upstreamSNI, protowire.BytesType), sni)
+}
+
+// Field numbers of UpstreamTlsContext; TestTLSSocketMatchesEnvoyTypes
+// holds them against the generated type.
+const (
+	upstreamCommonTLSContext = 1
+	upstreamSNI              = 2
+)
+
+// commonCache holds marshaled CommonTlsContexts by view kind and
+// identity set. It grows with the distinct identity sets of the mesh.
+type commonCache struct {
+	mu sync.RWMutex
+	m  map[commonKey][]byte
+}
+
+type commonKey struct {
+	kind model.Kind
+	sans string
+}
+
+func (c *commonCache) get(k commonKey, build func() *tlsv3.CommonTlsContext) []byte {
+	c.mu.RLock()
+	b, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return b
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(build())
+	if err != nil {
+		panic(err) // built from strings
+	}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[commonKey][]byte{}
+	}
+	c.m[k] = b
+	c.mu.Unlock()
+	return b
+}
+
+func sanMatchers(sans []string) []*matcherv3.StringMatcher {
+	out := make([]*matcherv3.StringMatcher, len(sans))
+	for i, s := range sans {
+		out[i] = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s}}
+	}
+	return out
+}
+
+// envoyContext is Istio's ISTIO_MUTUAL context: certificate and root from
+// the workload agent's SDS, peers checked against the service's
+// identities, Istio's ALPN.
+func (g *Generator) envoyContext(p *peers) []byte {
+	sans := p.sans
+	return g.common.get(commonKey{model.KindEnvoy, p.key}, func() *tlsv3.CommonTlsContext {
+		return &tlsv3.CommonTlsContext{
+			TlsParams: &tlsv3.TlsParameters{
+				TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2,
+				TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+			},
+			AlpnProtocols:                  alpnInMesh,
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsSecret(sdsDefaultSecret)},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{
+				CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+					DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchSubjectAltNames: sanMatchers(sans)},
+					ValidationContextSdsSecretConfig: sdsSecret(sdsRootSecret),
+				},
+			},
+		}
+	})
+}
+
+// sdsSecret names a secret of the istio-agent's SDS server, reached through
+// the sds-grpc cluster of its bootstrap (a unix socket), as Istio does.
+func sdsSecret(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{
+		Name: name,
+		SdsConfig: &corev3.ConfigSource{
+			ConfigSourceSpecifier: &corev3.ConfigSource_ApiConfigSource{ApiConfigSource: &corev3.ApiConfigSource{
+				ApiType:                   corev3.ApiConfigSource_GRPC,
+				TransportApiVersion:       corev3.ApiVersion_V3,
+				SetNodeOnFirstMessageOnly: true,
+				GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+					EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: sdsClusterName},
+				}}},
+			}},
+			InitialFetchTimeout: durationpb.New(0),
+			ResourceApiVersion:  corev3.ApiVersion_V3,
+		},
+	}
+}
+
+// grpcContext is what proxyless gRPC accepts (gRFC A29): identity and
+// root from the certificate provider instance "default" of its
+// bootstrap, no tls_params (gRPC NACKs them), no ALPN (gRPC ignores it).
+func (g *Generator) grpcContext(p *peers) []byte {
+	sans := p.sans
+	return g.common.get(commonKey{model.KindProxyless, p.key}, func() *tlsv3.CommonTlsContext {
+		return &tlsv3.CommonTlsContext{
+			TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: certProviderInstance, CertificateName: sdsDefaultSecret},
+			// A plain validation context: a combined one requires an SDS
+			// secret, which gRPC has not.
+			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{
+				ValidationContext: &tlsv3.CertificateValidationContext{
+					CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: certProviderInstance, CertificateName: sdsRootSecret},
+					MatchSubjectAltNames:          sanMatchers(sans),
+				},
+			},
+		}
+	})
+}
