@@ -31,7 +31,9 @@ type Limits struct {
 	MaxResourceNames int
 	// MaxUnknownTypes caps the distinct type URLs Estuary does not serve
 	// that one stream may ask for; they are never answered, so a few cost
-	// nothing, but go-control-plane keeps state for each.
+	// nothing, but go-control-plane keeps state for each. Zero takes the
+	// default, as for the others; a negative value allows none
+	// (plugins.hcl's max_unknown_types = 0).
 	MaxUnknownTypes int
 }
 
@@ -41,11 +43,15 @@ func (l Limits) withDefaults() Limits {
 			*v = d
 		}
 	}
+	noUnknown := l.MaxUnknownTypes < 0
 	def(&l.MaxViews, config.DefaultMaxViews)
 	def(&l.MaxConnections, config.DefaultMaxConnections)
 	def(&l.MaxStreamsPerConnection, config.DefaultMaxStreamsPerConnection)
 	def(&l.MaxResourceNames, config.DefaultMaxResourceNames)
 	def(&l.MaxUnknownTypes, config.DefaultMaxUnknownTypes)
+	if noUnknown {
+		l.MaxUnknownTypes = 0
+	}
 	return l
 }
 

@@ -202,6 +202,26 @@ func TestLimits(t *testing.T) {
 			t.Errorf("refusals{limit=unknown_types} = %v, want 1", got)
 		}
 	})
+
+	// A negative limit (max_unknown_types = 0 in plugins.hcl) allows none:
+	// the first unknown type ends the stream.
+	t.Run("no unknown types", func(t *testing.T) {
+		_, reg, addr := startLimited(t, f, Limits{MaxUnknownTypes: -1})
+		// Were the type kept, nothing would answer it: the deadline
+		// turns that into a failure instead of a hang.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = st.Send(&discoveryv3.DiscoveryRequest{Node: viewNode(1).Node, TypeUrl: "type.googleapis.com/made.up.Type"})
+		_, err = st.Recv()
+		wantRefused(t, err, codes.ResourceExhausted, "max_unknown_types")
+		if got := metric(t, reg, "estuary_xds_limit_refusals_total", limitUnknownTypes); got != 1 {
+			t.Errorf("refusals{limit=unknown_types} = %v, want 1", got)
+		}
+	})
 }
 
 // TestUnknownTypesShareOneLabel: NACKs of types Estuary does not serve

@@ -14,6 +14,9 @@ func xdsOptions(x config.XDS) xds.Options {
 		Limits: xds.Limits{MaxViews: x.MaxViews, MaxConnections: x.MaxConnections, MaxStreamsPerConnection: x.MaxStreamsPerConnection,
 			MaxResourceNames: x.MaxResourceNames, MaxUnknownTypes: x.MaxUnknownTypes},
 	}
+	if x.MaxUnknownTypes == 0 {
+		o.Limits.MaxUnknownTypes = -1 // max_unknown_types = 0: refuse every unknown type
+	}
 	if x.TLS != nil {
 		o.TLS = &xds.TLSFiles{CertFile: x.TLS.CertFile, KeyFile: x.TLS.KeyFile, ClientCAFile: x.TLS.ClientCAFile}
 	}
