@@ -1,7 +1,6 @@
 package config
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
@@ -71,16 +70,9 @@ func decodeAdmin(b *hcl.Block, a *Admin) hcl.Diagnostics {
 		if t.ClientCAFile != nil {
 			a.TLS.ClientCAFile = *t.ClientCAFile
 		}
-		if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid admin tls certificate or key",
-				Detail: fmt.Sprintf("%s and %s: %v.", t.CertFile, t.KeyFile, err), Subject: attrRange(t.Body, "cert_file").Ptr()})
-		}
-		if a.TLS.ClientCAFile != "" {
-			if _, err := a.TLS.ClientCAs(); err != nil {
-				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid admin client_ca_file",
-					Detail: err.Error() + ".", Subject: attrRange(t.Body, "client_ca_file").Ptr()})
-			}
-		}
+		diags = append(diags, tlsFiles{block: "admin", cert: t.CertFile, key: t.KeyFile, clientCA: a.TLS.ClientCAFile,
+			certRng: attrRange(t.Body, "cert_file"), keyRng: attrRange(t.Body, "key_file"),
+			clientRng: attrRange(t.Body, "client_ca_file")}.check()...)
 	}
 	if !badListen.HasErrors() && !loopback(a.Listen) && !a.Authenticates() {
 		if !a.Insecure {

@@ -1,11 +1,8 @@
 package config
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
-	"os"
 
 	"github.com/hashicorp/hcl/v2"
 
@@ -111,27 +108,6 @@ func CheckXDSTLSFiles(x *XDS) hcl.Diagnostics {
 		return nil
 	}
 	t := x.TLS
-	var diags hcl.Diagnostics
-	read := func(path string, rng hcl.Range) []byte {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Cannot read xds tls file",
-				Detail: err.Error() + ".", Subject: rng.Ptr()})
-		}
-		return b
-	}
-	cert, key := read(t.CertFile, t.CertRange), read(t.KeyFile, t.KeyRange)
-	if cert != nil && key != nil {
-		if _, err := tls.X509KeyPair(cert, key); err != nil {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid xds tls certificate or key",
-				Detail: fmt.Sprintf("%s and %s: %v.", t.CertFile, t.KeyFile, err), Subject: t.CertRange.Ptr()})
-		}
-	}
-	if t.ClientCAFile != "" {
-		if ca := read(t.ClientCAFile, t.ClientCARange); ca != nil && !x509.NewCertPool().AppendCertsFromPEM(ca) {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid client_ca_file",
-				Detail: fmt.Sprintf("%s holds no PEM certificate.", t.ClientCAFile), Subject: t.ClientCARange.Ptr()})
-		}
-	}
-	return diags
+	return tlsFiles{block: "xds", cert: t.CertFile, key: t.KeyFile, clientCA: t.ClientCAFile,
+		certRng: t.CertRange, keyRng: t.KeyRange, clientRng: t.ClientCARange}.check()
 }

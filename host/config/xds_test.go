@@ -208,7 +208,7 @@ func TestCheckXDSTLSFiles(t *testing.T) {
 		t.Errorf("missing CA: %s", got)
 	}
 	if got := check(src(crt, junk, junk)); !strings.Contains(got, "plugins.hcl:3:17: error: Invalid xds tls certificate or key") ||
-		!strings.Contains(got, "plugins.hcl:5:22: error: Invalid client_ca_file") {
+		!strings.Contains(got, "plugins.hcl:5:22: error: Invalid xds client_ca_file") {
 		t.Errorf("junk key and CA: %s", got)
 	}
 }
