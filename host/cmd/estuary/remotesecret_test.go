@@ -222,6 +222,7 @@ func TestCreateRemoteSecret(t *testing.T) {
 		{"no token", []string{"--kubeconfig", k2.Kubeconfig, "--name", "cluster2", "--service-account", unfilledAccount, "--timeout", "2s"},
 			"waited 2s for the token controller to fill secret istio-system/" + unfilledAccount + "-estuary-token: it is still empty"},
 		{"no name", []string{"--kubeconfig", k2.Kubeconfig}, "--name is required"},
+		{"bad name", []string{"--kubeconfig", k2.Kubeconfig, "--name", "cluster/2"}, `--name "cluster/2" cannot be a secret data key`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, stderr, code := createRemoteSecretCmd(t, tc.args...)
