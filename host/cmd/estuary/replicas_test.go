@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/testbed"
@@ -347,4 +349,41 @@ func (w *replicaWatch) problems() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.problem)
+}
+
+// TestReplicaWatchFlagsPartialResponses: the failover check above can
+// fail. A CLA short of an endpoint, an EDS response without a CLA and a
+// CDS short of a cluster are each a problem; only the whole CLA counts
+// toward "every CLA arrived".
+func TestReplicaWatchFlagsPartialResponses(t *testing.T) {
+	cla := func(n int) *endpointv3.ClusterLoadAssignment {
+		c := &endpointv3.ClusterLoadAssignment{ClusterName: "c", Endpoints: []*endpointv3.LocalityLbEndpoints{{}}}
+		for range n {
+			c.Endpoints[0].LbEndpoints = append(c.Endpoints[0].LbEndpoints, &endpointv3.LbEndpoint{})
+		}
+		return c
+	}
+	resp := func(typ string, msgs ...proto.Message) *discoveryv3.DiscoveryResponse {
+		r := &discoveryv3.DiscoveryResponse{TypeUrl: typ}
+		for _, m := range msgs {
+			a, err := anypb.New(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Resources = append(r.Resources, a)
+		}
+		return r
+	}
+	w := &replicaWatch{fullOn: map[int]bool{}, seen: map[int]map[string]bool{1: {}}, clusters: []string{"c", "d"}, want: map[string]int{"c": 2}}
+	w.check(1, resp(resourcev3.EndpointType, cla(1)))
+	w.check(1, resp(resourcev3.EndpointType))
+	w.check(1, resp(resourcev3.ClusterType, &clusterv3.Cluster{Name: "c"}))
+	if p := w.problems(); len(p) != 3 || w.fullOn[1] {
+		t.Fatalf("problems %q, full %v: want 3 problems and stream 1 not full", p, w.fullOn[1])
+	}
+	w.check(1, resp(resourcev3.EndpointType, cla(2)))
+	w.check(1, resp(resourcev3.ClusterType, &clusterv3.Cluster{Name: "d"}, &clusterv3.Cluster{Name: "c"}))
+	if p := w.problems(); len(p) != 3 || !w.fullOn[1] {
+		t.Fatalf("problems %q, full %v: whole responses should add none and fill stream 1", p, w.fullOn[1])
+	}
 }
