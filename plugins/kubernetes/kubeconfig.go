@@ -317,3 +317,15 @@ func (a *serverAllowList) allows(host string) bool {
 	}
 	return false
 }
+
+// CheckRemoteKubeconfig checks a remote secret's kubeconfig as a plugin
+// with the default config checks it: no kubeconfig option allowed, no
+// allowed_servers list. `estuary create-remote-secret` runs it on what it
+// is about to print, so it never hands an operator a secret the plugin
+// would refuse. The host's own listen addresses are unknown here; the
+// plugin checks them again when it reads the secret.
+func CheckRemoteKubeconfig(data []byte) error {
+	p := kubeconfigPolicy{allowed: map[string]bool{}}
+	_, err := p.restConfig(data)
+	return err
+}

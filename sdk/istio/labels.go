@@ -28,6 +28,9 @@ const (
 	// LabelMultiCluster = "true" marks a Secret holding a member cluster's
 	// kubeconfig, as `istioctl create-remote-secret` writes it.
 	LabelMultiCluster = "istio/multiCluster"
+	// AnnotationCluster, on a remote secret, names the cluster ID its data
+	// key registers (istioctl writes it; readers go by the key).
+	AnnotationCluster = "networking.istio.io/cluster"
 
 	// AnnotationExportTo lists the namespaces a Service is visible to
 	// ("." for its own, "*" for all).

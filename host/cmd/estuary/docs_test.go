@@ -112,34 +112,55 @@ func documentedConfigs(t *testing.T) []example {
 
 // hclBlocks returns the ```hcl blocks of a Markdown file.
 func hclBlocks(path, rel string) ([]example, error) {
+	blocks, err := fencedBlocks(path, rel)
+	var out []example
+	for _, b := range blocks {
+		if b.lang == "hcl" {
+			out = append(out, example{file: rel, line: b.line + 1, src: []byte(b.text), fragment: strings.HasPrefix(b.previous, fragmentMarker)})
+		}
+	}
+	return out, err
+}
+
+// fenced is one fenced block of a Markdown file.
+type fenced struct {
+	lang     string // after the opening ```
+	line     int    // of the opening fence
+	previous string // the last non-empty line before the fence, trimmed
+	text     string
+}
+
+// fencedBlocks returns the fenced blocks of a Markdown file that name a
+// language; rel names the file in errors.
+func fencedBlocks(path, rel string) ([]fenced, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	var (
-		out      []example
-		cur      *example
-		previous string // the last non-empty line before a fence
+		out      []fenced
+		cur      *fenced
+		previous string
 	)
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
 		trimmed := strings.TrimSpace(line)
 		switch {
-		case cur == nil && trimmed == "```hcl":
-			cur = &example{file: rel, line: n + 1, fragment: strings.HasPrefix(previous, fragmentMarker)}
+		case cur == nil && strings.HasPrefix(trimmed, "```") && len(trimmed) > 3:
+			cur = &fenced{lang: trimmed[3:], line: n, previous: previous}
 		case cur != nil && trimmed == "```":
 			out = append(out, *cur)
 			cur = nil
 		case cur != nil:
-			cur.src = append(cur.src, line+"\n"...)
+			cur.text += line + "\n"
 		case trimmed != "":
 			previous = trimmed
 		}
 	}
 	if cur != nil {
-		return out, fmt.Errorf("%s:%d: ```hcl block never closed", rel, cur.line-1)
+		return out, fmt.Errorf("%s:%d: ```%s block never closed", rel, cur.line, cur.lang)
 	}
 	return out, sc.Err()
 }

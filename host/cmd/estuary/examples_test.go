@@ -160,6 +160,12 @@ func kubeEcho(t *testing.T, c kubernetes.Interface, ns, clusterIP, podIP string)
 // exactly want (sorted "ADDR:PORT w=W") for its cluster on port 8080.
 func eventuallyEndpoints(t *testing.T, h *host, id string, md map[string]any, host string, n int, want []string) {
 	t.Helper()
+	eventuallyEndpointsOn(t, h, id, md, host, 8080, n, want)
+}
+
+// eventuallyEndpointsOn is eventuallyEndpoints for the cluster of port.
+func eventuallyEndpointsOn(t *testing.T, h *host, id string, md map[string]any, host string, port uint32, n int, want []string) {
+	t.Helper()
 	h.eventually(fmt.Sprintf("%d endpoints of %s in the registries", n, host), 60*time.Second, func() bool {
 		var got struct {
 			Merged []json.RawMessage `json:"merged"`
@@ -167,7 +173,7 @@ func eventuallyEndpoints(t *testing.T, h *host, id string, md map[string]any, ho
 		code, b := h.get("/debug/endpointz?host=" + host)
 		return code == 200 && json.Unmarshal(b, &got) == nil && len(got.Merged) == n
 	})
-	cluster := model.ClusterName(8080, "", host)
+	cluster := model.ClusterName(port, "", host)
 	if got := adsEndpoints(t, h.xds, id, md)[cluster]; !slices.Equal(got, want) {
 		t.Errorf("%s gets %v for %s, want %v", id, got, cluster, want)
 	}

@@ -6,6 +6,8 @@
 //	estuary plugins [-config plugins.hcl]  list bundled and configured plugins
 //	estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST'
 //	                                       why a node gets the endpoints it gets
+//	estuary create-remote-secret --name CLUSTER_ID [--context CTX]
+//	                                       print a remote secret for a member cluster
 //	estuary plugin NAME                    (hidden) serve a bundled plugin
 package main
 
@@ -53,6 +55,8 @@ func run(args []string) int {
 		return proxyConfig(rest)
 	case "explain":
 		return explain(rest)
+	case "create-remote-secret":
+		return createRemoteSecret(rest)
 	case "version":
 		fmt.Println(Version)
 		return 0
@@ -80,6 +84,11 @@ commands:
                            (both take --admin-token-file, --admin-ca-file,
                            --admin-cert-file and --admin-key-file for an
                            admin server with token_file or tls)
+  create-remote-secret --name CLUSTER_ID [--kubeconfig FILE] [--context CTX]
+                       [--namespace NS] [--server URL] [--service-account SA]
+                           prepare a member cluster (service account, read-only
+                           role, token) and print its remote secret, to apply
+                           in the primary clusters
   version                  print the version
 `)
 }

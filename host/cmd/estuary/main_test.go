@@ -60,6 +60,8 @@ type host struct {
 	xds    string // ADDR
 	log    *syncBuffer
 	exited chan struct{}
+	// adminToken, if set, is sent to the admin server (admin { token_file }).
+	adminToken string
 }
 
 type syncBuffer struct {
@@ -186,7 +188,14 @@ func (h *host) signal(sig syscall.Signal) {
 }
 
 func (h *host) get(path string) (int, []byte) {
-	resp, err := http.Get(h.admin + path)
+	req, err := http.NewRequest(http.MethodGet, h.admin+path, nil)
+	if err != nil {
+		return 0, nil
+	}
+	if h.adminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+h.adminToken)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil
 	}
