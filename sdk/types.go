@@ -124,6 +124,12 @@ const (
 	MTLSModeDisable
 )
 
+// AnnotationMTLSMode, on a Kubernetes Service or an Istio ServiceEntry,
+// sets the service's MTLSMode (STRICT, PERMISSIVE or DISABLE). It is
+// Estuary's, not Istio's: Istio says this in a DestinationRule, which
+// Estuary does not read, and has no Service annotation for it.
+const AnnotationMTLSMode = "estuary.io/mtls-mode"
+
 var mtlsModeNames = [...]string{MTLSModeUnset: "", MTLSModeStrict: "STRICT", MTLSModePermissive: "PERMISSIVE", MTLSModeDisable: "DISABLE"}
 
 func (m MTLSMode) String() string {
