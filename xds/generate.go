@@ -123,17 +123,18 @@ func (g *Generator) Clusters(v model.View, svc *aggregate.Service) []*Resource {
 	if g.needsPeers(svc) {
 		peers = g.peersOf(svc)
 	}
+	common := g.tlsCommon(tls, &peers)
 	for _, p := range svc.Ports {
 		switch svc.Resolution {
 		case sdk.ResolutionStatic:
 			for _, subset := range append([]string{""}, subsets...) {
 				name := model.ClusterName(p.Number, subset, svc.Hostname)
 				sni := model.SNIClusterName(p.Number, subset, svc.Hostname)
-				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+mtlsSize(tls, sni)), edsCluster(name))
+				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+mtlsSize(tls, common, sni)), edsCluster(name))
 				if err != nil {
 					panic(err) // built from valid values
 				}
-				body = g.appendMTLS(body, tls, sni, &peers)
+				body = appendMTLS(body, tls, common, sni)
 				r := newResource(name, resourcev3.ClusterType, body)
 				r.eds, r.peers = true, peers.key
 				out = append(out, r)

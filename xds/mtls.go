@@ -326,29 +326,33 @@ func (g *Generator) ClusterTLS(v model.View, name string) (model.ClusterTLS, boo
 	return out, true
 }
 
-// appendMTLS appends to a marshaled cluster whose SNI is sni what it
-// carries for mTLS by decision d (see README "Workload mTLS"), as Cluster
-// fields. The contexts are marshaled once per identity set and spliced
-// per SNI, with sizes computed ahead, so TLS costs little more than its
-// bytes.
-func (g *Generator) appendMTLS(b []byte, d tlsDecision, sni string, p *peers) []byte {
-	var common []byte
+// tlsCommon is the marshaled CommonTlsContext of a service's clusters
+// under decision d, the same for all of them; nil when they carry no TLS.
+func (g *Generator) tlsCommon(d tlsDecision, p *peers) []byte {
 	switch {
 	case d.carry == carryNone:
-		return b
+		return nil
 	case d.kind == model.KindProxyless:
-		common = g.grpcContext(p)
-	default:
-		common = g.envoyContext(p)
+		return g.grpcContext(p)
 	}
-	if d.carry == carryMutual {
+	return g.envoyContext(p)
+}
+
+// appendMTLS appends to a marshaled cluster whose SNI is sni what it
+// carries for mTLS by decision d (see README "Workload mTLS"), as Cluster
+// fields, around common, the context tlsCommon gave. The contexts are
+// marshaled once per identity set and spliced per SNI, with sizes
+// computed ahead, so TLS costs little more than its bytes.
+func appendMTLS(b []byte, d tlsDecision, common []byte, sni string) []byte {
+	switch d.carry {
+	case carryNone:
+		return b
+	case carryMutual:
 		b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
 		return appendTLSSocket(b, common, sni)
 	}
-	ts := tlsSocketSize(common, sni)
-	m := 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) + 1 + protowire.SizeBytes(ts)
 	b = protowire.AppendTag(b, clusterTransportSocketMatches, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(m))
+	b = protowire.AppendVarint(b, uint64(tlsMatchSize(common, sni)))
 	b = appendStringField(b, tsmName, tlsModeMatchName)
 	b = appendBytesField(b, tsmMatch, tlsModeIstioMatchBytes)
 	b = protowire.AppendTag(b, tsmTransportSocket, protowire.BytesType)
@@ -356,13 +360,23 @@ func (g *Generator) appendMTLS(b []byte, d tlsDecision, sni string, p *peers) []
 	return appendBytesField(b, clusterTransportSocketMatches, plaintextMatchBytes)
 }
 
-// mtlsSize bounds what appendMTLS adds, so the cluster is marshaled into
-// a buffer that has room for it, and no more when it adds nothing.
-func mtlsSize(d tlsDecision, sni string) int {
-	if d.carry == carryNone {
-		return 0
+// tlsMatchSize is the size of the tlsMode-istio TransportSocketMatch.
+func tlsMatchSize(common []byte, sni string) int {
+	return 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) +
+		1 + protowire.SizeBytes(tlsSocketSize(common, sni))
+}
+
+// mtlsSize is what appendMTLS adds, so the cluster is marshaled into a
+// buffer that has room for it exactly.
+func mtlsSize(d tlsDecision, common []byte, sni string) int {
+	switch d.carry {
+	case carryMutual:
+		return protowire.SizeTag(clusterTransportSocket) + protowire.SizeBytes(tlsSocketSize(common, sni))
+	case carryAuto:
+		return protowire.SizeTag(clusterTransportSocketMatches) + protowire.SizeBytes(tlsMatchSize(common, sni)) +
+			protowire.SizeTag(clusterTransportSocketMatches) + protowire.SizeBytes(len(plaintextMatchBytes))
 	}
-	return 2400 + 2*len(sni)
+	return 0
 }
 
 // Field numbers of the messages mtlsSuffix splices;

@@ -197,3 +197,23 @@ func TestPushRebuildsOnlyTheOverriddenService(t *testing.T) {
 		t.Errorf("push changed %d clusters, want echo's 2", st.Changed[tCluster])
 	}
 }
+
+// TestMTLSSizeIsExact: the room reserved for TLS is what is appended, so
+// a cluster is marshaled into one buffer of the right size.
+func TestMTLSSizeIsExact(t *testing.T) {
+	f := mtlsFixture(t)
+	gen := NewGenerator(f.agg, nil)
+	svc := f.agg.GetService(echoHost)
+	p := gen.peersOf(svc)
+	sni := model.SNIClusterName(8080, "", echoHost)
+	for _, mode := range []MTLSMode{MTLSPermissive, MTLSStrict, MTLSDisable} {
+		gen.mtls.Mode = mode
+		for _, kind := range []model.Kind{model.KindEnvoy, model.KindProxyless} {
+			d := gen.decideTLS(kind, svc)
+			common := gen.tlsCommon(d, &p)
+			if got, want := len(appendMTLS(nil, d, common, sni)), mtlsSize(d, common, sni); got != want {
+				t.Errorf("%s %s: appended %d bytes, reserved %d", mode, kind, got, want)
+			}
+		}
+	}
+}
