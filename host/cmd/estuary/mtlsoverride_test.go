@@ -307,6 +307,16 @@ func TestKubernetesMTLSAnnotation(t *testing.T) {
 		t.Errorf("explained %+v, want the annotation as the source", ex)
 	}
 
-	annotate(nil)
+	// A value that is no mode: a notice for the Service, and the mesh's
+	// mode again.
+	bad := "strict"
+	annotate(&bad)
 	w.until("echo is auto mTLS again", func(cs map[string]wireCluster) bool { return cs[echoCluster].tls == model.ClusterTLSAuto })
+	const notice = "ignored, the service follows the mesh's mode"
+	registryz := func() string { _, b := h.get("/debug/registryz"); return string(b) }
+	h.eventually("a notice about the bad annotation", 30*time.Second, func() bool {
+		return strings.Contains(registryz(), "Service default/echo") && strings.Contains(registryz(), notice)
+	})
+	annotate(nil)
+	h.eventually("the notice to go", 30*time.Second, func() bool { return !strings.Contains(registryz(), notice) })
 }
