@@ -221,6 +221,14 @@ func TestExplainMTLSFollowsModeAndOverride(t *testing.T) {
 	if !strings.HasPrefix(ex.Reason, "mesh mode PERMISSIVE: transport_socket_matches") || ex.Override != "" || ex.SNI != echoSNI {
 		t.Errorf("PERMISSIVE: explained %+v", ex)
 	}
+	table := string(h.estuary("proxy-config", "clusters", "--node", sidecarNode))
+	if !strings.Contains(table, echoCluster) || !strings.Contains(table, "AUTO") || !strings.Contains(table, echoSNI) || !strings.Contains(table, "mesh mode PERMISSIVE") {
+		t.Errorf("proxy-config clusters prints:\n%s", table)
+	}
+	text := string(h.estuary("explain", "endpoint", "--node", sidecarNode, "--cluster", echoCluster))
+	if !strings.Contains(text, "tls istio -> Istio mTLS (match tlsMode-istio)") || !strings.Contains(text, "the cluster the xDS server holds carries the same") {
+		t.Errorf("explain prints:\n%s", text)
+	}
 
 	// echo's own mode, by a reload: only echo's cluster changes.
 	h.write(staticMTLSConfig("PERMISSIVE", "DISABLE")(h.xds, strings.TrimPrefix(h.admin, "http://")))
