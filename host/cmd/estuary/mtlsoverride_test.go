@@ -14,6 +14,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
@@ -327,4 +328,37 @@ func TestKubernetesMTLSAnnotation(t *testing.T) {
 	})
 	annotate(nil)
 	h.eventually("the notice to go", 30*time.Second, func() bool { return !strings.Contains(registryz(), notice) })
+}
+
+// TestConsulMTLSMeta: a real Consul agent; the service meta mtls_mode of
+// web's instance gives web its own mode, pushed to an Envoy node over
+// ADS, and leaves api, of the same agent, on the mesh's.
+func TestConsulMTLSMeta(t *testing.T) {
+	c := testbed.StartConsul(t)
+	register := func(id, name, addr string, meta map[string]string) {
+		t.Helper()
+		if err := c.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: id, Name: name, Address: addr, Port: 8080, Meta: meta}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("web-1", "web", "10.0.0.1", map[string]string{"tls_mode": "istio", "mtls_mode": "DISABLE"})
+	register("api-1", "api", "10.0.0.2", map[string]string{"tls_mode": "istio"})
+	h := startHost(t, fmt.Sprintf("plugin \"consul\" {\n  config {\n    address = %q\n  }\n}\n", c.Addr))
+	const web, apiCluster = "outbound|8080||web.service.consul", "outbound|8080||api.service.consul"
+	w := watchCDS(t, h.xds, sidecarNode)
+	got := w.until("web is plain text and api auto mTLS", func(cs map[string]wireCluster) bool {
+		return cs[web].tls == model.ClusterTLSNone && cs[apiCluster].tls == model.ClusterTLSAuto
+	})
+	ex := h.clusterTLS(sidecarNode, web)
+	agrees(t, "meta DISABLE", ex, got[web])
+	if ex.Override != "DISABLE" || !strings.HasSuffix(ex.OverrideSource, "Consul/dc1, service meta mtls_mode") {
+		t.Errorf("explained %+v, want the meta as the source", ex)
+	}
+
+	register("web-1", "web", "10.0.0.1", map[string]string{"tls_mode": "istio", "mtls_mode": "STRICT"})
+	after := w.until("web is Istio mTLS", func(cs map[string]wireCluster) bool { return cs[web].tls == model.ClusterTLSMutual })
+	if string(after[apiCluster].raw) != string(got[apiCluster].raw) {
+		t.Errorf("web's meta changed api's cluster")
+	}
+	agrees(t, "meta STRICT", h.clusterTLS(sidecarNode, web), after[web])
 }
