@@ -112,6 +112,13 @@ func (g *Generator) peersOf(svc *aggregate.Service) peers {
 			}
 		}
 	}
+	// A ServiceEntry's subjectAltNames are identities too, as Istio
+	// adds them to the service's accounts.
+	for _, id := range svc.SubjectAltNames {
+		if !slices.Contains(p.sans, id) {
+			p.sans = append(p.sans, id)
+		}
+	}
 	slices.Sort(p.sans)
 	p.key = strings.Join(p.sans, ",")
 	return p

@@ -217,3 +217,20 @@ func TestMTLSSizeIsExact(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceSubjectAltNamesArePeers: a service's subject alt names (a
+// ServiceEntry's subjectAltNames) are accepted besides its endpoints'
+// accounts, as Istio does.
+func TestServiceSubjectAltNamesArePeers(t *testing.T) {
+	f := mtlsFixture(t)
+	f.upsert(&registryv1.Service{Hostname: echoHost, Namespace: "default",
+		Ports:           []*registryv1.Port{{Name: "grpc-8080", Number: 8080, Protocol: "GRPC"}},
+		SubjectAltNames: []string{"spiffe://partner.example/ns/x/sa/y"}})
+	gen := NewGenerator(f.agg, nil)
+	gen.mtls.Mode = MTLSStrict
+	c := decodeClusters(t, gen.Clusters(model.View{Kind: model.KindEnvoy}, f.agg.GetService(echoHost)))["outbound|8080||"+echoHost]
+	want := []string{"spiffe://cluster.local/ns/default/sa/echo", "spiffe://cluster.local/ns/default/sa/legacy", "spiffe://partner.example/ns/x/sa/y"}
+	if got := sans(upstreamTLS(t, c.GetTransportSocket())); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("SANs = %v, want %v", got, want)
+	}
+}
