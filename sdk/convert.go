@@ -33,6 +33,8 @@ func (s *Service) toProto() *registryv1.Service {
 		MeshExternal:      s.MeshExternal,
 		ExportTo:          s.ExportTo,
 		SubjectAltNames:   s.SubjectAltNames,
+		MtlsMode:          registryv1.MTLSMode(s.MTLSMode),
+		MtlsModeSource:    s.MTLSModeSource,
 	}
 }
 

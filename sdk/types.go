@@ -104,6 +104,55 @@ func ParseTLSMode(s string) (TLSMode, error) {
 	return 0, fmt.Errorf("unknown TLS mode %q (want \"istio\" or \"disabled\")", s)
 }
 
+// MTLSMode is a service's own workload mTLS mode: what clients do about
+// TLS towards its endpoints, overriding the host's mesh-wide mode
+// (plugins.hcl mesh { mtls }) for this service only. The values are the
+// mesh's; MTLSModeUnset follows the mesh.
+type MTLSMode int
+
+const (
+	// MTLSModeUnset follows the mesh's mode.
+	MTLSModeUnset MTLSMode = iota
+	// MTLSModeStrict reaches every endpoint over Istio mTLS (Istio: a
+	// DestinationRule with tls mode ISTIO_MUTUAL).
+	MTLSModeStrict
+	// MTLSModePermissive is Istio's auto mTLS: endpoints whose tlsMode is
+	// istio over mTLS, the others in plain text.
+	MTLSModePermissive
+	// MTLSModeDisable reaches every endpoint in plain text (Istio: tls
+	// mode DISABLE).
+	MTLSModeDisable
+)
+
+// AnnotationMTLSMode, on a Kubernetes Service or an Istio ServiceEntry,
+// sets the service's MTLSMode (STRICT, PERMISSIVE or DISABLE). It is
+// Estuary's, not Istio's: Istio says this in a DestinationRule, which
+// Estuary does not read, and has no Service annotation for it.
+const AnnotationMTLSMode = "estuary.io/mtls-mode"
+
+var mtlsModeNames = [...]string{MTLSModeUnset: "", MTLSModeStrict: "STRICT", MTLSModePermissive: "PERMISSIVE", MTLSModeDisable: "DISABLE"}
+
+func (m MTLSMode) String() string {
+	if m >= 0 && int(m) < len(mtlsModeNames) {
+		return mtlsModeNames[m]
+	}
+	return fmt.Sprintf("MTLSMode(%d)", int(m))
+}
+
+// ParseMTLSMode accepts STRICT, PERMISSIVE and DISABLE, as plugins.hcl
+// spells the mesh's mode, and "" for unset.
+func ParseMTLSMode(s string) (MTLSMode, error) {
+	for i, n := range mtlsModeNames {
+		if s == n {
+			return MTLSMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown mTLS mode %q (want STRICT, PERMISSIVE or DISABLE)", s)
+}
+
+// MarshalText renders STRICT, PERMISSIVE, DISABLE, or "" when unset.
+func (m MTLSMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
 // Health of an endpoint.
 type Health int
 
@@ -157,6 +206,11 @@ type Service struct {
 	// certificates besides their service accounts' (a ServiceEntry's
 	// subjectAltNames).
 	SubjectAltNames []string `json:"subject_alt_names,omitempty"`
+	// MTLSMode overrides the mesh's workload mTLS mode for this service
+	// only; MTLSModeSource says where the plugin read it (for example
+	// "annotation estuary.io/mtls-mode"), which `estuary explain` shows.
+	MTLSMode       MTLSMode `json:"mtls_mode,omitempty"`
+	MTLSModeSource string   `json:"mtls_mode_source,omitempty"`
 }
 
 // Equal reports whether two services carry the same data.
@@ -168,7 +222,8 @@ func (s *Service) Equal(o *Service) bool {
 		maps.EqualFunc(s.NodePorts, o.NodePorts, maps.Equal) &&
 		maps.Equal(s.Labels, o.Labels) &&
 		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
-		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames)
+		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames) &&
+		s.MTLSMode == o.MTLSMode && s.MTLSModeSource == o.MTLSModeSource
 }
 
 // Locality is where a workload runs.

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net/http"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -45,6 +48,64 @@ func (s *Server) EndpointRows(v model.View, cluster string) ([]model.EndpointRow
 	return rows, nil
 }
 
+// ClustersTLS explains the TLS of the clusters a view receives (all, or
+// the one named cluster): the decision each was built from, and what the
+// cluster the server holds carries, decoded, which must agree with it.
+func (s *Server) ClustersTLS(v model.View, cluster string) ([]model.ClusterTLS, error) {
+	rows := []model.ClusterTLS{}
+	for _, r := range s.cache.Resources(v, resourcev3.ClusterType) {
+		if cluster != "" && r.Name != cluster {
+			continue
+		}
+		var c clusterv3.Cluster
+		if err := proto.Unmarshal(r.Any.GetValue(), &c); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", r.Name, err)
+		}
+		served, err := servedTLS(&c)
+		if err != nil {
+			return nil, fmt.Errorf("decode %s: %w", r.Name, err)
+		}
+		row, ok := s.gen.ClusterTLS(v, r.Name)
+		if !ok {
+			row = model.ClusterTLS{Cluster: r.Name, Reason: "its service is gone; a push is pending"}
+		}
+		row.Served = &served
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// servedTLS reads what a built cluster carries for TLS, and its SNI.
+func servedTLS(c *clusterv3.Cluster) (model.ServedTLS, error) {
+	var ts *corev3.TransportSocket
+	out := model.ServedTLS{TLS: model.ClusterTLSNone}
+	switch {
+	case c.GetTransportSocket() != nil:
+		out.TLS, ts = model.ClusterTLSMutual, c.GetTransportSocket()
+	case len(c.GetTransportSocketMatches()) > 0:
+		out.TLS = model.ClusterTLSAuto
+		for _, m := range c.GetTransportSocketMatches() {
+			if m.GetTransportSocket().GetName() == transportSocketTLS {
+				ts = m.GetTransportSocket()
+			}
+		}
+	}
+	if ts == nil {
+		// An east-west gateway's cluster is named after the SNI its
+		// filter chain matches.
+		if _, _, _, ok := model.ParseSNIClusterName(c.GetName()); ok {
+			out.SNI = c.GetName()
+		}
+		return out, nil
+	}
+	var u tlsv3.UpstreamTlsContext
+	if err := ts.GetTypedConfig().UnmarshalTo(&u); err != nil {
+		return out, err
+	}
+	out.SNI = u.GetSni()
+	return out, nil
+}
+
 // DebugHandlers returns the server's debug pages by path.
 func (s *Server) DebugHandlers() map[string]http.Handler {
 	return map[string]http.Handler{
@@ -61,6 +122,22 @@ func (s *Server) DebugHandlers() map[string]http.Handler {
 				return
 			}
 			rows, err := s.EndpointRows(v, r.URL.Query().Get("cluster"))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			writeJSON(w, rows)
+		}),
+		// /debug/proxyclusterz?node=ID[&cluster=NAME]: the TLS of the
+		// clusters a connected node receives, and why.
+		"/debug/proxyclusterz": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			node := r.URL.Query().Get("node")
+			v, ok := s.NodeView(node)
+			if !ok {
+				http.Error(w, fmt.Sprintf("no connected node %q (see /debug/adsz)", node), http.StatusNotFound)
+				return
+			}
+			rows, err := s.ClustersTLS(v, r.URL.Query().Get("cluster"))
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return

@@ -118,23 +118,25 @@ func (g *Generator) Clusters(v model.View, svc *aggregate.Service) []*Resource {
 	}
 	var out []*Resource
 	subsets := g.Subsets(svc.Hostname)
+	tls := g.decideTLS(v.Kind, svc)
 	var peers peers
-	if svc.Resolution == sdk.ResolutionStatic && g.mtls.Mode != MTLSDisable {
+	if g.needsPeers(svc) {
 		peers = g.peersOf(svc)
 	}
+	common := g.tlsCommon(tls, &peers)
 	for _, p := range svc.Ports {
 		switch svc.Resolution {
 		case sdk.ResolutionStatic:
 			for _, subset := range append([]string{""}, subsets...) {
 				name := model.ClusterName(p.Number, subset, svc.Hostname)
 				sni := model.SNIClusterName(p.Number, subset, svc.Hostname)
-				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+g.mtlsSize(v, sni)), edsCluster(name))
+				body, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(make([]byte, 0, 256+mtlsSize(tls, common, sni)), edsCluster(name))
 				if err != nil {
 					panic(err) // built from valid values
 				}
-				body = g.appendMTLS(body, v, sni, &peers)
+				body = appendMTLS(body, tls, common, sni)
 				r := newResource(name, resourcev3.ClusterType, body)
-				r.eds, r.peers = true, g.peersKey(&peers)
+				r.eds, r.peers = true, peers.key
 				out = append(out, r)
 			}
 		case sdk.ResolutionDNS, sdk.ResolutionDNSRoundRobin:
@@ -176,23 +178,11 @@ func edsCluster(name string) *clusterv3.Cluster {
 	}
 }
 
-// peersKey is what the cache compares to tell that a service's clusters
-// must be rebuilt for their TLS: nothing when mTLS is off.
-func (g *Generator) peersKey(p *peers) string {
-	if g.mtls.Mode == MTLSDisable {
-		return ""
-	}
-	return p.key
-}
-
 // peersChanged reports whether the endpoint identities that the TLS of
 // host's clusters depends on differ from key.
 func (g *Generator) peersChanged(host, key string) bool {
-	if g.mtls.Mode == MTLSDisable {
-		return false
-	}
 	svc := g.agg.GetService(host)
-	if svc == nil || svc.Resolution != sdk.ResolutionStatic {
+	if svc == nil || !g.needsPeers(svc) {
 		return false
 	}
 	return g.peersOf(svc).key != key

@@ -112,6 +112,13 @@ func (g *Generator) peersOf(svc *aggregate.Service) peers {
 			}
 		}
 	}
+	// A ServiceEntry's subjectAltNames are identities too, as Istio
+	// adds them to the service's accounts.
+	for _, id := range svc.SubjectAltNames {
+		if !slices.Contains(p.sans, id) {
+			p.sans = append(p.sans, id)
+		}
+	}
 	slices.Sort(p.sans)
 	p.key = strings.Join(p.sans, ",")
 	return p
@@ -162,54 +169,221 @@ func mustMarshal(m proto.Message) []byte {
 	return b
 }
 
-// appendMTLS appends to a marshaled cluster of view v whose SNI is sni
-// what it carries for mTLS by the mesh mode (see README "Workload mTLS"),
-// as Cluster fields. The contexts are marshaled once per identity set and
-// spliced per SNI, with sizes computed ahead, so TLS costs little more
-// than its bytes.
-func (g *Generator) appendMTLS(b []byte, v model.View, sni string, p *peers) []byte {
-	mode := g.mtls.Mode
-	if mode == MTLSDisable {
-		return b
+// tlsCarry is what a service's clusters carry for TLS.
+type tlsCarry uint8
+
+const (
+	carryNone   tlsCarry = iota
+	carryAuto            // transport_socket_matches on tlsMode (Envoy only)
+	carryMutual          // Istio mTLS for every endpoint
+)
+
+var carryNames = [...]string{carryNone: model.ClusterTLSNone, carryAuto: model.ClusterTLSAuto, carryMutual: model.ClusterTLSMutual}
+
+// tlsCause is why the mode that applies to a service is what it is, or
+// why its clusters carry no TLS whatever the mode.
+type tlsCause uint8
+
+const (
+	causeMesh         tlsCause = iota // the mesh's mode
+	causeOverride                     // the service's own mode
+	causeMeshExternal                 // mesh-external: no auto mTLS, as Istio
+	causeGateway                      // an east-west gateway passes TLS through
+	causeDNS                          // DNS clusters carry no TLS
+	causePassthrough                  // original-destination clusters carry no TLS
+)
+
+// tlsDecision is what the clusters of one service carry for TLS in one
+// view, and why. Clusters builds them from it and ClusterTLS explains it:
+// one decision, so explain cannot drift from CDS.
+type tlsDecision struct {
+	kind  model.Kind
+	carry tlsCarry
+	mode  MTLSMode
+	cause tlsCause
+}
+
+// serviceMode is the mode that applies to a static service: its own when
+// its registry set one (Istio: a DestinationRule's tls mode), else none
+// for a mesh-external service (Istio never applies auto mTLS to one),
+// else the mesh's.
+func (g *Generator) serviceMode(svc *aggregate.Service) (MTLSMode, tlsCause) {
+	switch svc.MTLSMode {
+	case sdk.MTLSModeStrict:
+		return MTLSStrict, causeOverride
+	case sdk.MTLSModePermissive:
+		return MTLSPermissive, causeOverride
+	case sdk.MTLSModeDisable:
+		return MTLSDisable, causeOverride
 	}
-	switch v.Kind {
-	case model.KindProxyless:
+	if svc.MeshExternal {
+		return MTLSDisable, causeMeshExternal
+	}
+	return g.mtls.Mode, causeMesh
+}
+
+// decideTLS is the TLS decision of svc's clusters for a view of kind k.
+func (g *Generator) decideTLS(k model.Kind, svc *aggregate.Service) tlsDecision {
+	d := tlsDecision{kind: k, mode: g.mtls.Mode}
+	switch {
+	case k == model.KindRouter:
+		d.cause = causeGateway
+		return d
+	case svc.Resolution == sdk.ResolutionDNS || svc.Resolution == sdk.ResolutionDNSRoundRobin:
+		d.cause = causeDNS
+		return d
+	case svc.Resolution == sdk.ResolutionPassthrough:
+		d.cause = causePassthrough
+		return d
+	}
+	d.mode, d.cause = g.serviceMode(svc)
+	switch d.mode {
+	case MTLSStrict:
+		d.carry = carryMutual
+	case MTLSPermissive:
 		// gRPC has no transport_socket_matches (it NACKs them): a cluster
 		// is TLS or not. And grpc-go NACKs a cluster that names a
 		// certificate provider its bootstrap lacks, whether or not it
-		// uses xDS credentials: so, as istiod, mTLS only when asked for
-		// (STRICT), never by default.
-		if mode == MTLSStrict {
-			common := g.grpcContext(p)
-			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
-			return appendTLSSocket(b, common, sni)
+		// uses xDS credentials: so, as istiod, proxyless gRPC gets mTLS
+		// only when asked for (STRICT), never by default.
+		if k == model.KindEnvoy {
+			d.carry = carryAuto
 		}
-	case model.KindEnvoy:
-		common := g.envoyContext(p)
-		if mode == MTLSStrict {
-			b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
-			return appendTLSSocket(b, common, sni)
-		}
-		ts := tlsSocketSize(common, sni)
-		m := 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) + 1 + protowire.SizeBytes(ts)
-		b = protowire.AppendTag(b, clusterTransportSocketMatches, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(m))
-		b = appendStringField(b, tsmName, tlsModeMatchName)
-		b = appendBytesField(b, tsmMatch, tlsModeIstioMatchBytes)
-		b = protowire.AppendTag(b, tsmTransportSocket, protowire.BytesType)
-		b = appendTLSSocket(b, common, sni)
-		return appendBytesField(b, clusterTransportSocketMatches, plaintextMatchBytes)
 	}
-	return b
+	return d
 }
 
-// mtlsSize bounds what appendMTLS adds, so the cluster is marshaled into
-// a buffer that has room for it, and no more when it adds nothing.
-func (g *Generator) mtlsSize(v model.View, sni string) int {
-	if g.mtls.Mode == MTLSDisable || (v.Kind == model.KindProxyless && g.mtls.Mode != MTLSStrict) {
-		return 0
+// needsPeers reports whether svc's clusters may carry TLS in some view,
+// so that the SANs of its endpoints matter to them.
+func (g *Generator) needsPeers(svc *aggregate.Service) bool {
+	if svc.Resolution != sdk.ResolutionStatic {
+		return false
 	}
-	return 2400 + 2*len(sni)
+	m, _ := g.serviceMode(svc)
+	return m != MTLSDisable
+}
+
+// explain turns the decision into what explain and proxy-config print.
+func (d tlsDecision) explain(svc *aggregate.Service, mesh MTLSMode) model.ClusterTLS {
+	out := model.ClusterTLS{TLS: carryNames[d.carry], MeshMode: mesh.String(), Mode: d.mode.String()}
+	if svc.MTLSMode != sdk.MTLSModeUnset {
+		out.Override = svc.MTLSMode.String()
+		out.OverrideSource = svc.Instances[0].String()
+		if svc.MTLSModeSource != "" {
+			out.OverrideSource += ", " + svc.MTLSModeSource
+		}
+	}
+	var why string
+	switch d.cause {
+	case causeGateway:
+		out.Mode = ""
+		out.Reason = "east-west gateway: SNI passthrough, the client's mTLS goes through untouched (the SNI is the filter chain's)"
+		return out
+	case causeDNS:
+		out.Mode = ""
+		out.Reason = "DNS-resolved service: Estuary's DNS clusters carry no TLS"
+		return out
+	case causePassthrough:
+		out.Mode = ""
+		out.Reason = "passthrough (original destination) cluster: no TLS, as Istio"
+		return out
+	case causeMesh:
+		why = "mesh mode " + mesh.String()
+	case causeOverride:
+		why = "service override " + out.Override + " (from " + out.OverrideSource + ") over mesh mode " + mesh.String()
+	case causeMeshExternal:
+		why = "mesh-external service: no auto mTLS, as Istio (mesh mode " + mesh.String() + " does not apply; a service override would)"
+	}
+	switch d.carry {
+	case carryMutual:
+		out.Reason = why + ": every endpoint over Istio mTLS, whatever its tlsMode"
+	case carryAuto:
+		out.Reason = why + ": transport_socket_matches, endpoints whose tlsMode is istio over Istio mTLS (match tlsMode-istio), the rest plain text (tlsMode-disabled)"
+	default:
+		if d.mode == MTLSPermissive && d.kind == model.KindProxyless {
+			out.Reason = why + ": plain text, as from istiod: proxyless gRPC has no transport_socket_matches, so it gets mTLS only in STRICT"
+		} else {
+			out.Reason = why + ": plain text"
+		}
+	}
+	return out
+}
+
+// ClusterTLS explains the TLS of the cluster named name in view v, from
+// the decision its cluster is built from; false when no such cluster.
+func (g *Generator) ClusterTLS(v model.View, name string) (model.ClusterTLS, bool) {
+	port, subset, host, ok := parseAnyClusterName(name)
+	if !ok {
+		return model.ClusterTLS{}, false
+	}
+	svc := g.agg.GetService(host)
+	if svc == nil {
+		return model.ClusterTLS{}, false
+	}
+	d := g.decideTLS(v.Kind, svc)
+	out := d.explain(svc, g.mtls.Mode)
+	out.Cluster = name
+	switch {
+	case d.cause == causeGateway:
+		out.SNI = model.SNIClusterName(port, subset, host)
+	case d.carry != carryNone:
+		out.SNI = model.SNIClusterName(port, subset, host)
+		out.SANs = g.peersOf(svc).sans
+	}
+	return out, true
+}
+
+// tlsCommon is the marshaled CommonTlsContext of a service's clusters
+// under decision d, the same for all of them; nil when they carry no TLS.
+func (g *Generator) tlsCommon(d tlsDecision, p *peers) []byte {
+	switch {
+	case d.carry == carryNone:
+		return nil
+	case d.kind == model.KindProxyless:
+		return g.grpcContext(p)
+	}
+	return g.envoyContext(p)
+}
+
+// appendMTLS appends to a marshaled cluster whose SNI is sni what it
+// carries for mTLS by decision d (see README "Workload mTLS"), as Cluster
+// fields, around common, the context tlsCommon gave. The contexts are
+// marshaled once per identity set and spliced per SNI, with sizes
+// computed ahead, so TLS costs little more than its bytes.
+func appendMTLS(b []byte, d tlsDecision, common []byte, sni string) []byte {
+	switch d.carry {
+	case carryNone:
+		return b
+	case carryMutual:
+		b = protowire.AppendTag(b, clusterTransportSocket, protowire.BytesType)
+		return appendTLSSocket(b, common, sni)
+	}
+	b = protowire.AppendTag(b, clusterTransportSocketMatches, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(tlsMatchSize(common, sni)))
+	b = appendStringField(b, tsmName, tlsModeMatchName)
+	b = appendBytesField(b, tsmMatch, tlsModeIstioMatchBytes)
+	b = protowire.AppendTag(b, tsmTransportSocket, protowire.BytesType)
+	b = appendTLSSocket(b, common, sni)
+	return appendBytesField(b, clusterTransportSocketMatches, plaintextMatchBytes)
+}
+
+// tlsMatchSize is the size of the tlsMode-istio TransportSocketMatch.
+func tlsMatchSize(common []byte, sni string) int {
+	return 1 + protowire.SizeBytes(len(tlsModeMatchName)) + 1 + protowire.SizeBytes(len(tlsModeIstioMatchBytes)) +
+		1 + protowire.SizeBytes(tlsSocketSize(common, sni))
+}
+
+// mtlsSize is what appendMTLS adds, so the cluster is marshaled into a
+// buffer that has room for it exactly.
+func mtlsSize(d tlsDecision, common []byte, sni string) int {
+	switch d.carry {
+	case carryMutual:
+		return protowire.SizeTag(clusterTransportSocket) + protowire.SizeBytes(tlsSocketSize(common, sni))
+	case carryAuto:
+		return protowire.SizeTag(clusterTransportSocketMatches) + protowire.SizeBytes(tlsMatchSize(common, sni)) +
+			protowire.SizeTag(clusterTransportSocketMatches) + protowire.SizeBytes(len(plaintextMatchBytes))
+	}
+	return 0
 }
 
 // Field numbers of the messages mtlsSuffix splices;

@@ -228,6 +228,9 @@ func merge(hostname string, instances []*replica.Instance) *Service {
 		if out.MeshExternal != svc.MeshExternal {
 			conflict("mesh_external", fmt.Sprintf("%v kept, %v ignored", out.MeshExternal, svc.MeshExternal))
 		}
+		if out.MTLSMode != svc.MTLSMode {
+			conflict("mtls_mode", fmt.Sprintf("%q kept, %q ignored", out.MTLSMode, svc.MTLSMode))
+		}
 		mergeAddrs(&out.VIPs, svc.VIPs)
 		mergeAddrs(&out.ExternalAddresses, svc.ExternalAddresses)
 		for c, ports := range svc.NodePorts {

@@ -124,6 +124,7 @@ type merged struct {
 	instances []string // clusters, in order
 	conflicts []string // "field: winner -> loser: detail"
 	endpoints string
+	mtls      sdk.MTLSMode
 }
 
 func TestMerge(t *testing.T) {
@@ -195,6 +196,25 @@ func TestMerge(t *testing.T) {
 			conflicts: []string{"ports: consul:Consul/dc1 -> kubernetes:Kubernetes/c1: [{http 8080 HTTP}] kept, [{http 80 HTTP}] ignored"},
 		},
 	}, {
+		name: "the winner's mTLS mode applies to the merged service",
+		instances: []*inst{
+			{plugin: "static", provider: "Static", cluster: "s",
+				services: []*registryv1.Service{func() *registryv1.Service {
+					s := service(echo, "default", nil, http...)
+					s.MtlsMode, s.MtlsModeSource = registryv1.MTLSMode_MTLS_MODE_STRICT, "attribute mtls_mode"
+					return s
+				}()}},
+			kube("c1", "10.96.0.10", http),
+		},
+		want: &merged{
+			namespace: "default",
+			ports:     []sdk.Port{{Name: "http", Number: 80, Protocol: "HTTP"}},
+			vips:      map[string][]string{"c1": {"10.96.0.10"}},
+			instances: []string{"s", "c1"},
+			mtls:      sdk.MTLSModeStrict,
+			conflicts: []string{`mtls_mode: static:Static/s -> kubernetes:Kubernetes/c1: "STRICT" kept, "" ignored`},
+		},
+	}, {
 		name:      "unknown host",
 		instances: []*inst{kube("c1", "10.96.0.10", http)},
 	}}
@@ -223,6 +243,9 @@ func TestMerge(t *testing.T) {
 			w := tt.want
 			if got.Namespace != w.namespace || !slices.Equal(got.Ports, w.ports) {
 				t.Errorf("namespace %q ports %v; want %q %v", got.Namespace, got.Ports, w.namespace, w.ports)
+			}
+			if got.MTLSMode != w.mtls {
+				t.Errorf("mTLS mode %q, want %q", got.MTLSMode, w.mtls)
 			}
 			if !maps.EqualFunc(got.VIPs, w.vips, slices.Equal) {
 				t.Errorf("VIPs = %v, want %v", got.VIPs, w.vips)

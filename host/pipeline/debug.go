@@ -19,6 +19,16 @@ type Explanation struct {
 	Trace
 	// Received is what the xDS server holds for the node, decoded.
 	Received []model.EndpointRow `json:"received,omitempty"`
+	// TLS is the cluster's TLS and why, from the xDS server's cluster
+	// builder, with what the cluster it holds carries.
+	TLS *model.ClusterTLS `json:"tls,omitempty"`
+}
+
+// TLSExplainer is what an xDS server adds to an explanation when it has
+// it: the TLS of a view's cluster, from the decision the cluster was
+// built from (the pipeline decides endpoints, not TLS).
+type TLSExplainer interface {
+	ClustersTLS(v model.View, cluster string) ([]model.ClusterTLS, error)
 }
 
 // Explain runs the pipeline for view v and the cluster named cluster with
@@ -123,6 +133,15 @@ func (p *Pipeline) Handler(nodes Nodes) http.Handler {
 					ex.Notes = append(ex.Notes, "decoding what the node receives: "+err.Error())
 				}
 				ex.Received = rows
+			}
+			if te, ok := nodes.(TLSExplainer); ok {
+				rows, err := te.ClustersTLS(v, tr.Cluster)
+				switch {
+				case err != nil:
+					ex.Notes = append(ex.Notes, "explaining the cluster's TLS: "+err.Error())
+				case len(rows) == 1:
+					ex.TLS = &rows[0]
+				}
 			}
 			writeJSON(w, ex)
 		case q.Has("endpoint"):

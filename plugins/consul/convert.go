@@ -44,6 +44,10 @@ const (
 	// networking.istio.io/gatewayPort=N as Istio's label, is the gateway's
 	// port.
 	metaGatewayPort = "gateway_port"
+	// metaMTLSMode (service meta) = STRICT, PERMISSIVE or DISABLE is the
+	// service's own workload mTLS mode, over the mesh's. Meta is per
+	// instance: the first instance (by node/ID) that sets it decides.
+	metaMTLSMode = "mtls_mode"
 
 	// taggedVirtual is the tagged address holding a service's virtual IP.
 	taggedVirtual = "consul-virtual"
@@ -123,6 +127,10 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 		Ports:     servicePorts(insts, n),
 		Labels:    commonLabels(insts),
 	}
+	svc.MTLSMode = mtlsMode(insts, n)
+	if svc.MTLSMode != sdk.MTLSModeUnset {
+		svc.MTLSModeSource = "service meta " + metaMTLSMode
+	}
 	for _, in := range insts {
 		if vip := in.e.Service.TaggedAddresses[taggedVirtual].Address; vip != "" {
 			svc.VIPs = map[string][]string{o.datacenter: {vip}}
@@ -158,6 +166,29 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 			cmp.Compare(a.Address, b.Address), cmp.Compare(a.Port, b.Port))
 	})
 	return view{service: svc, endpoints: eps, gateways: gws, notices: n.list()}
+}
+
+// mtlsMode is the service's own mTLS mode from its instances' meta: the
+// first valid value, in instance order; a value that is no mode, or that
+// disagrees with the one kept, is a notice.
+func mtlsMode(insts []*instance, n *notices) sdk.MTLSMode {
+	mode, from := sdk.MTLSModeUnset, ""
+	for _, in := range insts {
+		v, ok := in.e.Service.Meta[metaMTLSMode]
+		if !ok {
+			continue
+		}
+		m, err := sdk.ParseMTLSMode(v)
+		switch {
+		case err != nil || m == sdk.MTLSModeUnset:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: want STRICT, PERMISSIVE or DISABLE", metaMTLSMode, v))
+		case mode == sdk.MTLSModeUnset:
+			mode, from = m, in.id
+		case m != mode:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: instance %s says %s first", metaMTLSMode, v, from, mode))
+		}
+	}
+	return mode
 }
 
 func parseInstance(e *api.ServiceEntry, n *notices) *instance {

@@ -196,6 +196,36 @@ func TestConvert(t *testing.T) {
 			notice: `meta port_admin = "99999" ignored`,
 		},
 		{
+			name: "meta mtls_mode is the service's own mTLS mode; the first instance decides",
+			entries: []*api.ServiceEntry{
+				inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"mtls_mode": "DISABLE"}}),
+				inst("n2", "10.0.0.2", api.AgentService{Port: 8080, Meta: map[string]string{"mtls_mode": "STRICT"}}),
+			},
+			want: view{
+				service: func() *sdk.Service {
+					s := svc(tcpPort, nil)
+					s.MTLSMode, s.MTLSModeSource = sdk.MTLSModeDisable, "service meta mtls_mode"
+					return s
+				}(),
+				endpoints: []sdk.Endpoint{
+					ep("10.0.0.1", "n1", func(e *sdk.Endpoint) { e.Labels = map[string]string{"mtls_mode": "DISABLE"} }),
+					ep("10.0.0.2", "n2", func(e *sdk.Endpoint) { e.Labels = map[string]string{"mtls_mode": "STRICT"} }),
+				},
+			},
+			notice: `meta mtls_mode = "STRICT" ignored: instance n1/web-n1 says DISABLE first`,
+		},
+		{
+			name: "a bad meta mtls_mode is ignored with a notice",
+			entries: []*api.ServiceEntry{
+				inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"mtls_mode": "on"}}),
+			},
+			want: view{
+				service:   svc(tcpPort, map[string]string{"mtls_mode": "on"}),
+				endpoints: []sdk.Endpoint{ep("10.0.0.1", "n1", func(e *sdk.Endpoint) { e.Labels = map[string]string{"mtls_mode": "on"} })},
+			},
+			notice: `meta mtls_mode = "on" ignored: want STRICT, PERMISSIVE or DISABLE`,
+		},
+		{
 			name: "instances on different numbers: most common wins, the others get target ports",
 			entries: []*api.ServiceEntry{
 				inst("n1", "10.0.0.1", api.AgentService{Port: 8080}),

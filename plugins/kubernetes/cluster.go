@@ -86,6 +86,8 @@ type cluster struct {
 	failures  map[string]string // request path -> last failure, "" when it succeeded
 	gwNotices []sdk.Notice
 	extra     []sdk.Notice // notices of others about this instance (the primary's secrets)
+	// svcNotices are problems with services' annotations, by namespace/name.
+	svcNotices map[string]sdk.Notice
 }
 
 // workItem is one thing the worker recomputes.
@@ -331,6 +333,8 @@ func (c *cluster) publishAll() int {
 			continue
 		}
 		s := c.conv.service(svc)
+		_, err := mtlsMode(svc)
+		c.noteService(svc.Namespace, svc.Name, err)
 		snap.Services = append(snap.Services, s)
 		snap.Endpoints[s.Hostname] = c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
 	}
@@ -347,12 +351,15 @@ func (c *cluster) publishService(namespace, name string) {
 	hostname := c.conv.hostname(namespace, name)
 	obj, ok, _ := c.serviceInf.GetIndexer().GetByKey(namespace + "/" + name)
 	if !ok || !c.discovered(namespace) {
+		c.noteService(namespace, name, nil)
 		if err := c.state.DeleteService(c.id, hostname); err != nil {
 			c.log.Error("delete service", "service", hostname, "error", err)
 		}
 		return
 	}
 	svc := obj.(*corev1.Service)
+	_, err := mtlsMode(svc)
+	c.noteService(namespace, name, err)
 	if err := c.state.UpsertService(c.id, c.conv.service(svc)); err != nil {
 		c.log.Error("upsert service", "service", hostname, "error", err)
 		return

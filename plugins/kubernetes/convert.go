@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -45,6 +46,9 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 		Labels:    svc.Labels,
 		ExportTo:  exportTo(svc.Annotations[istio.AnnotationExportTo]),
 	}
+	if m, err := mtlsMode(svc); err == nil && m != sdk.MTLSModeUnset {
+		out.MTLSMode, out.MTLSModeSource = m, "annotation "+sdk.AnnotationMTLSMode
+	}
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol == corev1.ProtocolSCTP {
 			continue // no proxy can carry SCTP
@@ -69,6 +73,20 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 		out.NodePorts = map[string]map[uint32]uint32{c.clusterID: np}
 	}
 	return out
+}
+
+// mtlsMode reads the service's own mTLS mode from its annotation; a
+// value that is not a mode is an error, and the service follows the mesh.
+func mtlsMode(svc *corev1.Service) (sdk.MTLSMode, error) {
+	v, ok := svc.Annotations[sdk.AnnotationMTLSMode]
+	if !ok {
+		return sdk.MTLSModeUnset, nil
+	}
+	m, err := sdk.ParseMTLSMode(v)
+	if err != nil || m == sdk.MTLSModeUnset {
+		return sdk.MTLSModeUnset, fmt.Errorf("annotation %s = %q ignored, the service follows the mesh's mode: want STRICT, PERMISSIVE or DISABLE", sdk.AnnotationMTLSMode, v)
+	}
+	return m, nil
 }
 
 func isHeadless(svc *corev1.Service) bool {

@@ -76,6 +76,15 @@ func TestConvertService(t *testing.T) {
 			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
 			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
 		}},
+		{"own mTLS mode", svcObj("a", func(s *corev1.Service) { s.Annotations = map[string]string{"estuary.io/mtls-mode": "STRICT"} }), &sdk.Service{
+			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
+			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
+			MTLSMode: sdk.MTLSModeStrict, MTLSModeSource: "annotation estuary.io/mtls-mode",
+		}},
+		{"an mTLS mode that is no mode follows the mesh", svcObj("a", func(s *corev1.Service) { s.Annotations = map[string]string{"estuary.io/mtls-mode": "strict"} }), &sdk.Service{
+			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
+			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
+		}},
 		{"dual stack", svcObj("a", func(s *corev1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00::10"} }), &sdk.Service{
 			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
 			VIPs: map[string][]string{"c1": {"10.96.0.10", "fd00::10"}}, Labels: map[string]string{"app": "a"},

@@ -81,6 +81,31 @@ func (c *cluster) setGatewayNotices(n []sdk.Notice) {
 	c.publishHealthLocked()
 }
 
+// noteService keeps the problem with one service's annotations, or
+// forgets it (err nil), and republishes health when that changed.
+func (c *cluster) noteService(namespace, name string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := namespace + "/" + name
+	_, had := c.svcNotices[key]
+	if err == nil {
+		if had {
+			delete(c.svcNotices, key)
+			c.publishHealthLocked()
+		}
+		return
+	}
+	n := sdk.Notice{Subject: "Service " + key, Message: err.Error()}
+	if had && c.svcNotices[key] == n {
+		return
+	}
+	if c.svcNotices == nil {
+		c.svcNotices = map[string]sdk.Notice{}
+	}
+	c.svcNotices[key] = n
+	c.publishHealthLocked()
+}
+
 // setExtraNotices sets notices others report about this instance.
 func (c *cluster) setExtraNotices(n []sdk.Notice) {
 	c.mu.Lock()
@@ -116,6 +141,9 @@ func (c *cluster) publishHealthLocked() {
 	capped := sdk.NoticeList{Max: maxNotices, Subject: "cluster " + c.id.Cluster}
 	capped.Add(c.extra...)
 	capped.Add(c.gwNotices...)
+	for _, k := range slices.Sorted(maps.Keys(c.svcNotices)) {
+		capped.Add(c.svcNotices[k])
+	}
 	h.Notices = capped.List()
 	if err := c.state.SetHealth(c.id, h); err != nil {
 		c.log.Error("set health", "error", err)

@@ -155,6 +155,9 @@ func (b *builder) newHost(o *object, host string, ports []entryPort) *hostState 
 		// Shared with the object, never modified in place (merge copies).
 		SubjectAltNames: se.GetSubjectAltNames(),
 	}
+	if o.mtlsMode != sdk.MTLSModeUnset {
+		svc.MTLSMode, svc.MTLSModeSource = o.mtlsMode, "annotation "+sdk.AnnotationMTLSMode+" of "+o.key.String()
+	}
 	if addrs := vips(se.GetAddresses()); len(addrs) > 0 {
 		svc.VIPs = map[string][]string{b.cluster: addrs}
 	}
@@ -183,6 +186,10 @@ func (b *builder) merge(h *hostState, o *object, host string, ports []entryPort)
 	if mext := se.GetLocation() == networking.ServiceEntry_MESH_EXTERNAL; mext != svc.MeshExternal {
 		b.notice(o, "host %s: location %s conflicts with the older %s; keeping %s",
 			host, se.GetLocation(), h.owner.subject(), h.owner.se.GetLocation())
+	}
+	if o.mtlsMode != svc.MTLSMode {
+		b.notice(o, "host %s: mTLS mode %q (annotation %s) conflicts with %q of the older %s; keeping the older",
+			host, o.mtlsMode, sdk.AnnotationMTLSMode, svc.MTLSMode, h.owner.subject())
 	}
 	if !slices.Equal(se.GetExportTo(), svc.ExportTo) {
 		b.notice(o, "host %s: exportTo %v conflicts with %v of the older %s; keeping the older",

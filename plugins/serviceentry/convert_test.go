@@ -74,6 +74,8 @@ type goldenService struct {
 	MeshExternal bool                `json:"meshExternal"`
 	ExportTo     []string            `json:"exportTo,omitempty"`
 	SANs         []string            `json:"subjectAltNames,omitempty"`
+	MTLSMode     string              `json:"mtlsMode,omitempty"`
+	MTLSSource   string              `json:"mtlsModeSource,omitempty"`
 	Endpoints    []goldenEndpoint    `json:"endpoints,omitempty"`
 }
 
@@ -104,6 +106,7 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 		gs := goldenService{
 			Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, VIPs: s.VIPs, Labels: s.Labels,
 			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo, SANs: s.SubjectAltNames,
+			MTLSMode: s.MTLSMode.String(), MTLSSource: s.MTLSModeSource,
 		}
 		for _, p := range s.Ports {
 			gs.Ports = append(gs.Ports, goldenPort{Name: p.Name, Number: p.Number, Protocol: p.Protocol})

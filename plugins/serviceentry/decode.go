@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
+
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // The API group of the objects this plugin reads, and the versions accepted
@@ -85,6 +87,9 @@ type object struct {
 	// unhealthy: a WorkloadEntry whose status condition Healthy is not
 	// True (istiod's health checks write it).
 	unhealthy bool
+	// mtlsMode is a ServiceEntry's own mTLS mode, from the annotation
+	// sdk.AnnotationMTLSMode: what Istio would read from a DestinationRule.
+	mtlsMode sdk.MTLSMode
 }
 
 // subject names the object in notices.
@@ -311,6 +316,13 @@ func decodeJSON(js []byte, where, defaultNamespace string) []decoded {
 	}
 	if o.se != nil {
 		d.errs, o.warnings = validateServiceEntry(o.se)
+		if v, ok := env.Metadata.Annotations[sdk.AnnotationMTLSMode]; ok {
+			m, err := sdk.ParseMTLSMode(v)
+			if err != nil || m == sdk.MTLSModeUnset {
+				o.warnings = append(o.warnings, fmt.Sprintf("metadata.annotations[%s]: %q ignored, the hosts follow the mesh's mTLS mode: want STRICT, PERMISSIVE or DISABLE", sdk.AnnotationMTLSMode, v))
+			}
+			o.mtlsMode = m
+		}
 	} else {
 		d.errs = validateWorkloadEntry(o.we)
 	}

@@ -67,6 +67,7 @@ var schema = &sdk.Schema{
 				{Name: "mesh_external", Type: "bool"},
 				{Name: "labels", Type: "map(string)"},
 				{Name: "export_to", Type: "list(string)"},
+				{Name: "mtls_mode", Type: "string", Description: "STRICT, PERMISSIVE or DISABLE: this service's workload mTLS mode, over mesh.mtls"},
 			},
 			Blocks: []sdk.Block{
 				{TypeName: "port", Labels: []string{"name"}, Body: sdk.Schema{Attributes: []sdk.Attribute{
@@ -102,6 +103,7 @@ type serviceConfig struct {
 	MeshExternal *bool             `json:"mesh_external"`
 	Labels       map[string]string `json:"labels"`
 	ExportTo     []string          `json:"export_to"`
+	MTLSMode     *string           `json:"mtls_mode"`
 	Ports        []portConfig      `json:"port"`
 	Endpoints    []endpointConfig  `json:"endpoint"`
 }
@@ -229,6 +231,13 @@ func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.D
 				diags.Errorf(at(path, "addresses", strconv.Itoa(j)), "address %q is not an IP or CIDR", a)
 			}
 		}
+	}
+	if sc.MTLSMode != nil {
+		m, err := sdk.ParseMTLSMode(*sc.MTLSMode)
+		if err != nil || m == sdk.MTLSModeUnset {
+			diags.Errorf(at(path, "mtls_mode"), "mtls_mode %q is not one of STRICT, PERMISSIVE, DISABLE", *sc.MTLSMode)
+		}
+		svc.MTLSMode, svc.MTLSModeSource = m, "attribute mtls_mode"
 	}
 	if sc.Resolution != nil {
 		r, err := sdk.ParseResolution(*sc.Resolution)

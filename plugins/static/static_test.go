@@ -16,6 +16,7 @@ network = "network1"
 service "echo.default.svc.cluster.local" {
   namespace = "default"
   addresses = ["10.0.0.10"]
+  mtls_mode = "DISABLE"
   port "grpc" {
     number   = 8080
     protocol = "GRPC"
@@ -59,6 +60,9 @@ func TestConformance(t *testing.T) {
 			}
 			if want := []sdk.Port{{Name: "grpc", Number: 8080, Protocol: "GRPC"}}; !slices.Equal(svc.Ports, want) {
 				t.Errorf("ports = %v, want %v", svc.Ports, want)
+			}
+			if svc.MTLSMode != sdk.MTLSModeDisable || svc.MTLSModeSource != "attribute mtls_mode" {
+				t.Errorf("mTLS mode %q from %q, want DISABLE from attribute mtls_mode", svc.MTLSMode, svc.MTLSModeSource)
 			}
 			if got := svc.VIPs["cluster1"]; !slices.Equal(got, []string{"10.0.0.10"}) {
 				t.Errorf("VIPs = %v", svc.VIPs)
@@ -110,6 +114,12 @@ func TestValidation(t *testing.T) {
 		{"bad resolution", `service "a.b" {
   resolution = "MAGIC"
 }`, []string{"service", "0", "resolution"}, "unknown resolution"},
+		{"bad mtls mode", `service "a.b" {
+  mtls_mode = "ISTIO_MUTUAL"
+}`, []string{"service", "0", "mtls_mode"}, `mtls_mode "ISTIO_MUTUAL" is not one of STRICT, PERMISSIVE, DISABLE`},
+		{"empty mtls mode", `service "a.b" {
+  mtls_mode = ""
+}`, []string{"service", "0", "mtls_mode"}, `is not one of`},
 		{"bad gateway port", `gateway {
   network = "n"
   address = "1.2.3.4"

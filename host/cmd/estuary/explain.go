@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/pipeline"
 )
 
@@ -63,13 +64,16 @@ func printExplanation(w io.Writer, ex *pipeline.Explanation) {
 		mode = fmt.Sprintf("multi-network on, weight scale factor %d", ex.ScaleFactor)
 	}
 	fmt.Fprintf(w, "node %s (%s)\ncluster %s: %s (network generation %d)\n", ex.Node, ex.View, ex.Cluster, mode, ex.Generation)
+	if ex.TLS != nil {
+		printClusterTLS(w, ex.TLS)
+	}
 	fmt.Fprintf(w, "\nENDPOINTS IN THE REGISTRIES (%d)\n", len(ex.Endpoints))
 	for _, e := range ex.Endpoints {
 		net := e.Network
 		if net == "" {
 			net = "(unknown)"
 		}
-		fmt.Fprintf(w, "%s  locality %s  tls %s\n", e.Endpoint, e.Locality, e.TLSMode)
+		fmt.Fprintf(w, "%s  locality %s  tls %s%s\n", e.Endpoint, e.Locality, e.TLSMode, endpointTLS(ex.TLS, e.TLSMode))
 		fmt.Fprintf(w, "  origin:   instance %s, cluster %s, network %s by rule %s\n", e.Instance, e.Cluster, net, e.Rule)
 		fmt.Fprintf(w, "  decision: %s", e.Decision)
 		if len(e.Gateways) > 0 {
@@ -120,4 +124,43 @@ func compareReceived(ex *pipeline.Explanation) string {
 		return ""
 	}
 	return fmt.Sprintf("  explained: %s\n  held:      %s\n", strings.Join(want, ", "), strings.Join(got, ", "))
+}
+
+// printClusterTLS prints what a cluster carries for TLS and why, and
+// whether the cluster the server holds carries the same.
+func printClusterTLS(w io.Writer, t *model.ClusterTLS) {
+	fmt.Fprintf(w, "tls %s", t.TLS)
+	if t.SNI != "" {
+		fmt.Fprintf(w, ", SNI %s", t.SNI)
+	}
+	if len(t.SANs) > 0 {
+		fmt.Fprintf(w, ", peers %s", strings.Join(t.SANs, " "))
+	}
+	fmt.Fprintf(w, "\n  why: %s\n", t.Reason)
+	if s := t.Served; s != nil {
+		if s.TLS == t.TLS && s.SNI == t.SNI {
+			fmt.Fprintln(w, "  the cluster the xDS server holds carries the same.")
+		} else {
+			fmt.Fprintf(w, "  the xDS server holds tls %s, SNI %q (a push may be pending)\n", s.TLS, s.SNI)
+		}
+	}
+}
+
+// endpointTLS says what an endpoint of tlsMode gets from a cluster whose
+// TLS is t: with AUTO, Envoy picks the transport socket by the endpoint's
+// tlsMode metadata.
+func endpointTLS(t *model.ClusterTLS, tlsMode string) string {
+	if t == nil {
+		return ""
+	}
+	switch t.TLS {
+	case model.ClusterTLSMutual:
+		return " -> Istio mTLS"
+	case model.ClusterTLSAuto:
+		if tlsMode == "istio" {
+			return " -> Istio mTLS (match tlsMode-istio)"
+		}
+		return " -> plain text (match tlsMode-disabled)"
+	}
+	return " -> plain text"
 }

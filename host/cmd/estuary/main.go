@@ -78,6 +78,8 @@ commands:
   plugins [-config FILE]   list bundled and configured plugins
   proxy-config endpoints --node ID [--cluster NAME] [--admin ADDR]
                            show the endpoints a connected node receives
+  proxy-config clusters --node ID [--cluster NAME] [--admin ADDR]
+                           show each cluster's TLS and SNI, and why
   explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR]
                            why a node gets those endpoints: network rules,
                            gateways, weights

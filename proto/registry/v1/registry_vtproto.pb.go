@@ -1579,6 +1579,18 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.MtlsModeSource) > 0 {
+		i -= len(m.MtlsModeSource)
+		copy(dAtA[i:], m.MtlsModeSource)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.MtlsModeSource)))
+		i--
+		dAtA[i] = 0x72
+	}
+	if m.MtlsMode != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.MtlsMode))
+		i--
+		dAtA[i] = 0x68
+	}
 	if len(m.SubjectAltNames) > 0 {
 		for iNdEx := len(m.SubjectAltNames) - 1; iNdEx >= 0; iNdEx-- {
 			i -= len(m.SubjectAltNames[iNdEx])
@@ -2750,6 +2762,13 @@ func (m *Service) SizeVT() (n int) {
 			l = len(s)
 			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 		}
+	}
+	if m.MtlsMode != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.MtlsMode))
+	}
+	l = len(m.MtlsModeSource)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -6914,6 +6933,57 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			m.SubjectAltNames = append(m.SubjectAltNames, string(dAtA[iNdEx:postIndex]))
+			iNdEx = postIndex
+		case 13:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field MtlsMode", wireType)
+			}
+			m.MtlsMode = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.MtlsMode |= MTLSMode(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+		case 14:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field MtlsModeSource", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.MtlsModeSource = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
 		default:
 			iNdEx = preIndex

@@ -162,6 +162,9 @@ func (d *Decoder) event(pe *registryv1.Event, ev *Event) string {
 		if svc.Hostname == "" {
 			return "the service has no hostname"
 		}
+		if svc.MTLSMode < sdk.MTLSModeUnset || svc.MTLSMode > sdk.MTLSModeDisable {
+			return fmt.Sprintf("service %q: mtls_mode %d is not one this protocol version knows", svc.Hostname, svc.MTLSMode)
+		}
 		in.services[svc.Hostname] = struct{}{}
 		ev.Service = svc
 	case KindServiceDeleted:
@@ -248,6 +251,8 @@ func decodeService(p *registryv1.Service) *sdk.Service {
 		MeshExternal:      p.GetMeshExternal(),
 		ExportTo:          p.GetExportTo(),
 		SubjectAltNames:   p.GetSubjectAltNames(),
+		MTLSMode:          sdk.MTLSMode(p.GetMtlsMode()),
+		MTLSModeSource:    p.GetMtlsModeSource(),
 	}
 	if ps := p.GetPorts(); len(ps) > 0 {
 		s.Ports = make([]sdk.Port, len(ps))

@@ -142,6 +142,10 @@ func TestDecoderRules(t *testing.T) {
 		{"service_upserted without a service", nil, []*registryv1.WatchResponse{snap(1, true, added("c1"),
 			&registryv1.Event{Instance: pid("c1"), Kind: &registryv1.Event_ServiceUpserted{ServiceUpserted: &registryv1.ServiceUpserted{}}})},
 			`protocol error in batch 1, event 1 (service_upserted, instance "P/c1"): the service has no hostname`},
+		{"service with an mtls_mode from a later protocol", nil, []*registryv1.WatchResponse{snap(1, true, added("c1"),
+			&registryv1.Event{Instance: pid("c1"), Kind: &registryv1.Event_ServiceUpserted{ServiceUpserted: &registryv1.ServiceUpserted{
+				Service: &registryv1.Service{Hostname: "a.example.com", MtlsMode: 9}}}})},
+			`protocol error in batch 1, event 1 (service_upserted, instance "P/c1"): service "a.example.com": mtls_mode 9 is not one this protocol version knows`},
 		{"endpoints of a service never upserted", nil, []*registryv1.WatchResponse{opening(), delta(2, endpoints("c1", "b.example.com"))},
 			`protocol error in batch 2, event 0 (endpoints_replaced, instance "P/c1"): endpoints for service "b.example.com", which the instance has not upserted`},
 		{"endpoints of a deleted service", nil, []*registryv1.WatchResponse{opening(), delta(2, deleted("c1", "a.example.com"), endpoints("c1", "a.example.com"))},
@@ -309,6 +313,7 @@ func TestDecodeEvents(t *testing.T) {
 		Hostname: "a.example.com", Namespace: "ns", Name: "a", Ports: []*registryv1.Port{{Name: "http", Number: 80, Protocol: "HTTP"}},
 		Vips: []*registryv1.ClusterAddresses{{Cluster: "c1", Addresses: []string{"10.96.0.1"}}}, Resolution: registryv1.Resolution_RESOLUTION_DNS,
 		NodePorts: []*registryv1.ClusterNodePorts{{Cluster: "c1", Ports: map[uint32]uint32{80: 30080}}}, ExportTo: []string{"."}, SubjectAltNames: []string{"spiffe://td/ns/a/sa/b"},
+		MtlsMode: registryv1.MTLSMode_MTLS_MODE_DISABLE, MtlsModeSource: "annotation x",
 	}}}}
 	eps := tables(&registryv1.Endpoint{Labels: map[string]string{"inline": "yes"}, TargetPorts: map[string]uint32{"http": 9090},
 		Network: "n2", Locality: "r/z2", ServiceAccount: "sa", Weight: 3, TlsMode: registryv1.TLSMode_TLS_MODE_ISTIO, Health: registryv1.Health_HEALTH_DRAINING, WorkloadName: "w"})
@@ -323,7 +328,8 @@ func TestDecodeEvents(t *testing.T) {
 		{Kind: KindInstanceAdded, Instance: id, Properties: sdk.InstanceProperties{ClusterScoped: true, DefaultNetwork: "n1", SyncTimeout: 1500_000_000}},
 		{Kind: KindServiceUpserted, Instance: id, Service: &sdk.Service{Hostname: "a.example.com", Namespace: "ns", Name: "a",
 			Ports: []sdk.Port{{Name: "http", Number: 80, Protocol: "HTTP"}}, VIPs: map[string][]string{"c1": {"10.96.0.1"}},
-			NodePorts: map[string]map[uint32]uint32{"c1": {80: 30080}}, Resolution: sdk.ResolutionDNS, ExportTo: []string{"."}, SubjectAltNames: []string{"spiffe://td/ns/a/sa/b"}}},
+			NodePorts: map[string]map[uint32]uint32{"c1": {80: 30080}}, Resolution: sdk.ResolutionDNS, ExportTo: []string{"."}, SubjectAltNames: []string{"spiffe://td/ns/a/sa/b"},
+			MTLSMode: sdk.MTLSModeDisable, MTLSModeSource: "annotation x"}},
 		{Kind: KindEndpointsReplaced, Instance: id, Hostname: "a.example.com", Endpoints: &EndpointSet{Endpoints: []Endpoint{
 			{Address: "10.0.0.0", Labels: map[string]string{"app": "a"}, TargetPorts: map[string]uint32{"http": 8080}, Network: "network1", Locality: "r/z"},
 			{Address: "10.0.0.1", Labels: map[string]string{"inline": "yes"}, TargetPorts: map[string]uint32{"http": 9090}, Network: "n2", Locality: "r/z2",
