@@ -152,7 +152,9 @@ func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.Loca
 //     node without a network (Istio treats both as "same network"), or on
 //     a network without gateways are kept as they are;
 //   - of the others, those not in Istio mTLS mode are dropped (the gateway
-//     routes by SNI, which only mTLS carries); each remaining one's weight
+//     routes by SNI, which only mTLS carries), and so are those not
+//     HEALTHY (a draining endpoint takes no new requests, so it must not
+//     draw them to its gateway); each remaining one's weight
 //     is split evenly among its gateways (those of its network and cluster,
 //     else of its network) by integer division, summed per gateway;
 //   - one endpoint per gateway follows the kept ones, in address then port
@@ -397,6 +399,15 @@ func (p *Pipeline) filter(sc *Scratch, s *network.Snapshot, v model.View, groups
 			if ep.TLSMode != sdk.TLSModeIstio {
 				if tr != nil {
 					tr.decided(i, fate{decision: DroppedTLS, weight: w})
+				}
+				continue
+			}
+			if ep.Health != sdk.HealthHealthy {
+				// The gateway is sent HEALTHY: a draining endpoint's
+				// weight would draw new requests to the gateway that
+				// the endpoint itself must no longer get.
+				if tr != nil {
+					tr.decided(i, fate{decision: DroppedNotHealthy, weight: w})
 				}
 				continue
 			}

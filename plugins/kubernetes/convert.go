@@ -164,7 +164,8 @@ func (c *converter) externalNameEndpoints(svc *corev1.Service) []sdk.Endpoint {
 }
 
 // endpoints builds a service's endpoints from its EndpointSlices: the ready
-// endpoints (all of them if the service publishes not-ready addresses), one
+// endpoints and the draining ones (all of them if the service publishes
+// not-ready addresses; see endpointHealth), one
 // per address, with the service port names mapped to the slice's ports,
 // sorted by address.
 // An address listed by several slices (for example while the EndpointSlice
@@ -189,7 +190,8 @@ func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.Endpo
 		ports := targetPorts(svc, s) // shared by the slice's endpoints; never modified
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if len(e.Addresses) == 0 || (!svc.Spec.PublishNotReadyAddresses && !isReady(e)) {
+			health, ok := endpointHealth(e, svc.Spec.PublishNotReadyAddresses)
+			if len(e.Addresses) == 0 || !ok {
 				continue
 			}
 			addr := e.Addresses[0] // the others are the same endpoint
@@ -200,13 +202,39 @@ func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.Endpo
 				}
 				seen[addr] = len(out)
 			}
-			out = append(out, c.endpoint(svc.Namespace, addr, ports, e, objs))
+			ep := c.endpoint(svc.Namespace, addr, ports, e, objs)
+			ep.Health = health
+			out = append(out, ep)
 		}
 	}
 	// By address: the same endpoints give the same slice however the
 	// EndpointSlice controller spreads them, so State sees no change.
 	slices.SortFunc(out, func(a, b sdk.Endpoint) int { return strings.Compare(a.Address, b.Address) })
 	return out
+}
+
+// endpointHealth says whether an endpoint is sent, and with which health.
+// A ready endpoint is HEALTHY. One the EndpointSlice controller marks
+// serving and terminating (ready false: its pod is shutting down but still
+// passes readiness) is DRAINING: Envoy keeps its connections and requests
+// in flight but picks it for no new one, which is what the pod's grace
+// period is for. Any other not-ready endpoint, terminating or not, leaves,
+// unless the service publishes not-ready addresses: then it stays
+// HEALTHY, as before, or DRAINING if it is terminating and serving.
+//
+// Serving and terminating follow the API's conventions for unset
+// conditions: unset serving means the same as ready, unset terminating
+// means not terminating.
+func endpointHealth(e *discoveryv1.Endpoint, publishNotReady bool) (sdk.Health, bool) {
+	if isReady(e) {
+		return sdk.HealthHealthy, true
+	}
+	serving := e.Conditions.Serving != nil && *e.Conditions.Serving
+	terminating := e.Conditions.Terminating != nil && *e.Conditions.Terminating
+	if serving && terminating {
+		return sdk.HealthDraining, true
+	}
+	return sdk.HealthHealthy, publishNotReady
 }
 
 func isReady(e *discoveryv1.Endpoint) bool {
