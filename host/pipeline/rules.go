@@ -99,18 +99,18 @@ type Decision uint8
 // Decisions. The first six are a sidecar's or proxyless client's, in a
 // multi-network mesh; the router ones are an east-west gateway's.
 const (
-	KeptLocal        Decision = iota // on the node's network, or either network unknown
-	KeptNoGateway                    // its network has no gateway
-	Replaced                         // replaced by its network's gateways
-	DroppedView                      // outside REQUESTED_NETWORK_VIEW
-	DroppedTLS                       // remote and not in Istio mTLS mode
-	DroppedPending                   // its network's gateways have no address yet
-	KeptOneNetwork                   // multi-network is off: every endpoint is sent as is
-	Forwarded                        // an east-west gateway forwards to it
-	DroppedRemote                    // an east-west gateway does not forward to another network
-	DroppedPlain                     // an east-west gateway forwards only Istio mTLS
-	DroppedNoAddress                 // network-only: reachable through its network's gateway only
-	DroppedNotHealthy                // on another network, draining or unhealthy: adds nothing to its gateways
+	KeptLocal         Decision = iota // on the node's network, or either network unknown
+	KeptNoGateway                     // its network has no gateway
+	Replaced                          // replaced by its network's gateways
+	DroppedView                       // outside REQUESTED_NETWORK_VIEW
+	DroppedTLS                        // remote and not in Istio mTLS mode
+	DroppedPending                    // its network's gateways have no address yet
+	KeptOneNetwork                    // multi-network is off: every endpoint is sent as is
+	Forwarded                         // an east-west gateway forwards to it
+	DroppedRemote                     // an east-west gateway does not forward to another network
+	DroppedPlain                      // an east-west gateway forwards only Istio mTLS
+	DroppedNoAddress                  // network-only: reachable through its network's gateway only
+	DroppedNotHealthy                 // on another network, draining or unhealthy: adds nothing to its gateways
 )
 
 func (d Decision) String() string {

@@ -56,7 +56,7 @@ func TestDrainingEndpoints(t *testing.T) {
 			Endpoints: []discoveryv1.Endpoint{
 				{Addresses: []string{"10.60.0.1"}, Conditions: conditions(true, true, false)},
 				{Addresses: []string{"10.60.0.2"}, Conditions: conditions(true, true, false)},
-				{Addresses: []string{"10.60.0.3"}, Conditions: conditions(false, false, true)}, // shutting down, failing readiness
+				{Addresses: []string{"10.60.0.3"}, Conditions: conditions(false, false, true)},  // shutting down, failing readiness
 				{Addresses: []string{"10.60.0.4"}, Conditions: conditions(false, false, false)}, // starting
 			},
 		}
