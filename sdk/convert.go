@@ -33,6 +33,7 @@ func (s *Service) toProto() *registryv1.Service {
 		MeshExternal:      s.MeshExternal,
 		ExportTo:          s.ExportTo,
 		SubjectAltNames:   s.SubjectAltNames,
+		ClusterLocal:      s.ClusterLocal,
 	}
 }
 
@@ -50,6 +51,7 @@ func endpointsToProto(hostname string, eps []Endpoint) *registryv1.EndpointsRepl
 		e := &eps[i]
 		p := &backing[i]
 		p.Address = e.Address
+		p.AdditionalAddresses = e.AdditionalAddresses
 		p.LabelSet = labels.index(e.Labels)
 		p.PortSet = ports.index(e.TargetPorts)
 		p.NetworkRef = strs.ref(e.Network)

@@ -157,6 +157,11 @@ type Service struct {
 	// certificates besides their service accounts' (a ServiceEntry's
 	// subjectAltNames).
 	SubjectAltNames []string `json:"subject_alt_names,omitempty"`
+	// ClusterLocal confines this instance's endpoints of the service to
+	// clients of the instance's cluster (those whose CLUSTER_ID names
+	// it). Kubernetes MCS uses it for cluster.local when only
+	// clusterset.local spans clusters.
+	ClusterLocal bool `json:"cluster_local,omitempty"`
 }
 
 // Equal reports whether two services carry the same data.
@@ -168,7 +173,8 @@ func (s *Service) Equal(o *Service) bool {
 		maps.EqualFunc(s.NodePorts, o.NodePorts, maps.Equal) &&
 		maps.Equal(s.Labels, o.Labels) &&
 		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
-		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames)
+		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames) &&
+		s.ClusterLocal == o.ClusterLocal
 }
 
 // Locality is where a workload runs.
@@ -209,6 +215,10 @@ type Endpoint struct {
 	// network's gateway, so the host sends it to clients on other networks
 	// as that gateway and to nobody else.
 	Address string `json:"address"`
+	// AdditionalAddresses are the workload's other IPs (a dual-stack pod's
+	// second address family): still one endpoint, counted once in load
+	// balancing. Address alone decides the endpoint's network.
+	AdditionalAddresses []string `json:"additional_addresses,omitempty"`
 	// TargetPorts maps a service port name to the port the endpoint listens
 	// on; a port absent here is served on the service port's number.
 	TargetPorts map[string]uint32 `json:"target_ports,omitempty"`
@@ -231,7 +241,8 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Address == o.Address && e.Network == o.Network && e.Locality == o.Locality &&
 		e.Weight == o.Weight && e.TLSMode == o.TLSMode && e.ServiceAccount == o.ServiceAccount &&
 		e.Health == o.Health && e.WorkloadName == o.WorkloadName &&
-		maps.Equal(e.TargetPorts, o.TargetPorts) && maps.Equal(e.Labels, o.Labels)
+		maps.Equal(e.TargetPorts, o.TargetPorts) && maps.Equal(e.Labels, o.Labels) &&
+		slices.Equal(e.AdditionalAddresses, o.AdditionalAddresses)
 }
 
 // NetworkGateway is an east-west gateway into a network.

@@ -5,7 +5,11 @@ import "github.com/estuary-mesh/estuary/sdk"
 // LbEndpoint is one endpoint a view receives, before encoding.
 type LbEndpoint struct {
 	Address string
-	Port    uint32
+	// AdditionalAddresses are the endpoint's other IPs (a dual-stack
+	// pod's), served on Port too. Shared with the registry replica: never
+	// modified. A gateway that replaces the endpoint has none.
+	AdditionalAddresses []string
+	Port                uint32
 	// Weight is the load-balancing weight. The endpoint pipeline never
 	// leaves it 0; an encoder sends 0 as 1, as Envoy requires.
 	Weight  uint32

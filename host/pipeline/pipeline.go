@@ -195,7 +195,7 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		return nil, fmt.Errorf("%w: service %q has no port %d", ErrNoPort, c.Host, c.Port)
 	}
 	var buf [4]aggregate.EndpointSource // a service is rarely in more instances
-	groups := p.collect(sc, snap, port, c, p.agg.AppendEndpointSources(buf[:0], c.Host), tr)
+	groups := p.collect(sc, snap, port, c, visibleSources(v, c.Host, p.agg.AppendEndpointSources(buf[:0], c.Host)), tr)
 	switch {
 	case v.Kind == model.KindRouter:
 		groups = forward(groups, v, tr)
@@ -205,6 +205,23 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		groups = oneNetwork(groups, tr)
 	}
 	return groups, nil
+}
+
+// visibleSources drops, in place, the sources whose instance marks the
+// service cluster-local when the view declares another cluster. A view
+// with no cluster (a client that sends no CLUSTER_ID) is in none and is
+// confined nowhere.
+func visibleSources(v model.View, host string, sources []aggregate.EndpointSource) []aggregate.EndpointSource {
+	if v.Cluster == "" {
+		return sources
+	}
+	return slices.DeleteFunc(sources, func(src aggregate.EndpointSource) bool {
+		if src.Instance.Key.Cluster == v.Cluster {
+			return false
+		}
+		s := src.Instance.Service(host)
+		return s != nil && s.ClusterLocal
+	})
 }
 
 // collect groups the endpoints of one cluster by locality, in locality
@@ -230,7 +247,7 @@ func (p *Pipeline) collect(sc *Scratch, snap *network.Snapshot, port sdk.Port, c
 				}
 			}
 			lb := model.LbEndpoint{
-				Address: e.Address, Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
+				Address: e.Address, AdditionalAddresses: e.AdditionalAddresses, Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
 				Network: network, Cluster: cluster, TLSMode: e.TLSMode,
 			}
 			groups[j].Endpoints = append(groups[j].Endpoints, lb)

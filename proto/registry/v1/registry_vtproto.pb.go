@@ -1579,6 +1579,16 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.ClusterLocal {
+		i--
+		if m.ClusterLocal {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x68
+	}
 	if len(m.SubjectAltNames) > 0 {
 		for iNdEx := len(m.SubjectAltNames) - 1; iNdEx >= 0; iNdEx-- {
 			i -= len(m.SubjectAltNames[iNdEx])
@@ -1888,6 +1898,17 @@ func (m *Endpoint) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if len(m.AdditionalAddresses) > 0 {
+		for iNdEx := len(m.AdditionalAddresses) - 1; iNdEx >= 0; iNdEx-- {
+			i -= len(m.AdditionalAddresses[iNdEx])
+			copy(dAtA[i:], m.AdditionalAddresses[iNdEx])
+			i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.AdditionalAddresses[iNdEx])))
+			i--
+			dAtA[i] = 0x1
+			i--
+			dAtA[i] = 0x82
+		}
 	}
 	if m.ServiceAccountRef != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.ServiceAccountRef))
@@ -2751,6 +2772,9 @@ func (m *Service) SizeVT() (n int) {
 			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 		}
 	}
+	if m.ClusterLocal {
+		n += 2
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -2883,6 +2907,12 @@ func (m *Endpoint) SizeVT() (n int) {
 	}
 	if m.ServiceAccountRef != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.ServiceAccountRef))
+	}
+	if len(m.AdditionalAddresses) > 0 {
+		for _, s := range m.AdditionalAddresses {
+			l = len(s)
+			n += 2 + l + protohelpers.SizeOfVarint(uint64(l))
+		}
 	}
 	n += len(m.unknownFields)
 	return n
@@ -6915,6 +6945,26 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 			}
 			m.SubjectAltNames = append(m.SubjectAltNames, string(dAtA[iNdEx:postIndex]))
 			iNdEx = postIndex
+		case 13:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field ClusterLocal", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.ClusterLocal = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -7949,6 +7999,38 @@ func (m *Endpoint) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 16:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field AdditionalAddresses", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.AdditionalAddresses = append(m.AdditionalAddresses, string(dAtA[iNdEx:postIndex]))
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

@@ -100,6 +100,8 @@ type Event struct {
 // and maps are shared with the other endpoints that carry the same values.
 type Endpoint struct {
 	Address string `json:"address"`
+	// AdditionalAddresses are the workload's other IPs (dual stack).
+	AdditionalAddresses []string `json:"additional_addresses,omitempty"`
 	// Labels is shared between endpoints with equal labels: never modify it.
 	Labels map[string]string `json:"labels,omitempty"`
 	// TargetPorts is shared like Labels: never modify it.
