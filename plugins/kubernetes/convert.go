@@ -27,6 +27,9 @@ type converter struct {
 	// network is given to endpoints whose pod names none: the system
 	// namespace's label, else the configured network.
 	network string
+	// clusterLocal marks cluster.local services cluster-local
+	// (clusterset_only).
+	clusterLocal bool
 	// identities interns SPIFFE identities, which 100,000 endpoints share
 	// among a few hundred service accounts.
 	identities map[string]string
@@ -45,6 +48,9 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 		Name:      svc.Name,
 		Labels:    svc.Labels,
 		ExportTo:  exportTo(svc.Annotations[istio.AnnotationExportTo]),
+		// With clusterset_only, cluster.local reaches the client's own
+		// cluster only; clusterset.local spans the exporting clusters.
+		ClusterLocal: c.clusterLocal,
 	}
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol == corev1.ProtocolSCTP {

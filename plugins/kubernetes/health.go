@@ -116,6 +116,7 @@ func (c *cluster) publishHealthLocked() {
 	capped := sdk.NoticeList{Max: maxNotices, Subject: "cluster " + c.id.Cluster}
 	capped.Add(c.extra...)
 	capped.Add(c.gwNotices...)
+	capped.Add(c.mcsNotice...)
 	h.Notices = capped.List()
 	if err := c.state.SetHealth(c.id, h); err != nil {
 		c.log.Error("set health", "error", err)
