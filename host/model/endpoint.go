@@ -34,10 +34,13 @@ type LocalityGroup struct {
 type EndpointRow struct {
 	Cluster  string `json:"cluster"`
 	Endpoint string `json:"endpoint"`
-	Health   string `json:"health"`
-	Weight   uint32 `json:"weight"`
-	Locality string `json:"locality"`
-	Network  string `json:"network,omitempty"`
+	// AdditionalAddresses are the endpoint's other addresses (dual stack),
+	// as ADDR:PORT.
+	AdditionalAddresses []string `json:"additional_addresses,omitempty"`
+	Health              string   `json:"health"`
+	Weight              uint32   `json:"weight"`
+	Locality            string   `json:"locality"`
+	Network             string   `json:"network,omitempty"`
 	// Registry is the cluster of the registry the endpoint came from (or,
 	// for a gateway, the gateway's cluster).
 	Registry string `json:"registry_cluster,omitempty"`

@@ -183,4 +183,21 @@ func TestKubernetesMCSOverXDS(t *testing.T) {
 			t.Errorf("%s client: cluster.local %v (want %v), clusterset.local %v (want %v)", tc.cluster, got[local], tc.local, got[set], tc.clusters)
 		}
 	}
+
+	// `estuary proxy-config` shows the additional address of a connected
+	// node's endpoint.
+	id := "sidecar~10.9.0.2~held." + ns + "~" + ns + ".svc.cluster.local"
+	adsEndpoints(t, h.xds, id, map[string]any{"CLUSTER_ID": "cluster1"})
+	var rows []struct {
+		Endpoint string   `json:"endpoint"`
+		Also     []string `json:"additional_addresses"`
+	}
+	h.getJSON("/debug/proxyendpointz?node="+id+"&cluster="+set, &rows)
+	also := map[string][]string{}
+	for _, r := range rows {
+		also[r.Endpoint] = r.Also
+	}
+	if len(also) != 2 || !slices.Equal(also["10.1.0.1:18080"], []string{"[fd00:1::1]:18080"}) || also["10.1.0.2:18080"] != nil {
+		t.Errorf("proxy-config rows of %s: %+v, want 10.1.0.1:18080 with [fd00:1::1]:18080 and 10.1.0.2:18080 alone", set, rows)
+	}
 }
