@@ -247,7 +247,7 @@ func (p *Pipeline) collect(sc *Scratch, snap *network.Snapshot, port sdk.Port, c
 				}
 			}
 			lb := model.LbEndpoint{
-				Address: e.Address, AdditionalAddresses: e.AdditionalAddresses, Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
+				Address: e.Address, AdditionalAddresses: e.AdditionalAddresses(), Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
 				Network: network, Cluster: cluster, TLSMode: e.TLSMode,
 			}
 			groups[j].Endpoints = append(groups[j].Endpoints, lb)

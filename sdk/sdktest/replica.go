@@ -124,7 +124,7 @@ func sdkEndpoints(set *stream.EndpointSet) []sdk.Endpoint {
 		e := &set.Endpoints[i]
 		out[i] = sdk.Endpoint{
 			Address:             e.Address,
-			AdditionalAddresses: e.AdditionalAddresses,
+			AdditionalAddresses: e.AdditionalAddresses(),
 			TargetPorts:         e.TargetPorts,
 			Labels:              e.Labels,
 			Network:             e.Network,

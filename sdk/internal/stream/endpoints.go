@@ -28,7 +28,7 @@ func decodeEndpoints(m *registryv1.EndpointsReplaced) (*EndpointSet, string) {
 		e := &set.Endpoints[i]
 		e.Address = p.GetAddress()
 		if extra := p.GetAdditionalAddresses(); len(extra) > 0 {
-			e.AdditionalAddresses = extra
+			e.Additional = &extra
 		}
 		switch n := p.GetLabelSet(); {
 		case n == 0:
