@@ -364,8 +364,9 @@ func (c *cluster) publishAll() int {
 		}
 		s := c.conv.service(svc)
 		snap.Services = append(snap.Services, s)
-		snap.Endpoints[s.Hostname] = c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
-		if cs, eps := c.clusterSetService(svc, svc.Namespace, svc.Name); cs != nil {
+		eps := c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
+		snap.Endpoints[s.Hostname] = eps
+		if cs, eps := c.clusterSetService(svc, eps, svc.Namespace, svc.Name); cs != nil {
 			snap.Services = append(snap.Services, cs)
 			snap.Endpoints[cs.Hostname] = eps
 		}
@@ -377,7 +378,7 @@ func (c *cluster) publishAll() int {
 			if _, ok, _ := c.serviceInf.GetIndexer().GetByKey(key); ok {
 				continue // done above
 			}
-			if cs, eps := c.clusterSetService(nil, ns, name); cs != nil {
+			if cs, eps := c.clusterSetService(nil, nil, ns, name); cs != nil {
 				snap.Services = append(snap.Services, cs)
 				snap.Endpoints[cs.Hostname] = eps
 			}
@@ -399,16 +400,17 @@ func (c *cluster) publishService(namespace, name string) {
 		if err := c.state.DeleteService(c.id, hostname); err != nil {
 			c.log.Error("delete service", "service", hostname, "error", err)
 		}
-		c.publishClusterSet(nil, namespace, name)
+		c.publishClusterSet(nil, nil, namespace, name)
 		return
 	}
 	svc := obj.(*corev1.Service)
-	defer c.publishClusterSet(svc, namespace, name)
+	eps := c.conv.endpoints(svc, c.slicesOf(namespace, name), c)
+	defer c.publishClusterSet(svc, eps, namespace, name)
 	if err := c.state.UpsertService(c.id, c.conv.service(svc)); err != nil {
 		c.log.Error("upsert service", "service", hostname, "error", err)
 		return
 	}
-	if err := c.state.SetEndpoints(c.id, hostname, c.conv.endpoints(svc, c.slicesOf(namespace, name), c)); err != nil {
+	if err := c.state.SetEndpoints(c.id, hostname, eps); err != nil {
 		c.log.Error("set endpoints", "service", hostname, "error", err)
 	}
 }

@@ -185,15 +185,15 @@ func clusterSetHostname(namespace, name string) string {
 
 // clusterSetService is what this cluster reports for the clusterset host
 // of namespace/name: svc (nil if the cluster has no such Service, or does
-// not watch its namespace) exported, or a ServiceImport, or nothing.
-func (c *cluster) clusterSetService(svc *corev1.Service, namespace, name string) (*sdk.Service, []sdk.Endpoint) {
+// not watch its namespace) exported, with its endpoints eps (shared with
+// its cluster.local host, never modified), or a ServiceImport, or nothing.
+func (c *cluster) clusterSetService(svc *corev1.Service, eps []sdk.Endpoint, namespace, name string) (*sdk.Service, []sdk.Endpoint) {
 	m := c.mcs
 	if m == nil || !m.on.Load() || !c.discovered(namespace) {
 		return nil, nil
 	}
 	imp := m.serviceImport(namespace, name)
 	var out *sdk.Service
-	var eps []sdk.Endpoint
 	switch {
 	case svc != nil && m.exported(namespace, name):
 		out = c.conv.service(svc)
@@ -201,9 +201,8 @@ func (c *cluster) clusterSetService(svc *corev1.Service, namespace, name string)
 		// belong to its cluster.local host; the clusterset host's VIPs
 		// are the import's.
 		out.VIPs, out.ExternalAddresses, out.NodePorts = nil, nil, nil
-		eps = c.conv.endpoints(svc, c.slicesOf(namespace, name), c)
 	case imp != nil:
-		out = &sdk.Service{Namespace: namespace, Name: name}
+		out, eps = &sdk.Service{Namespace: namespace, Name: name}, nil
 		for _, p := range imp.Spec.Ports {
 			if p.Protocol == corev1.ProtocolSCTP {
 				continue
@@ -228,13 +227,13 @@ func (c *cluster) clusterSetService(svc *corev1.Service, namespace, name string)
 }
 
 // publishClusterSet upserts or deletes the clusterset host of
-// namespace/name.
-func (c *cluster) publishClusterSet(svc *corev1.Service, namespace, name string) {
+// namespace/name; see clusterSetService.
+func (c *cluster) publishClusterSet(svc *corev1.Service, eps []sdk.Endpoint, namespace, name string) {
 	if c.mcs == nil {
 		return
 	}
 	hostname := clusterSetHostname(namespace, name)
-	s, eps := c.clusterSetService(svc, namespace, name)
+	s, eps := c.clusterSetService(svc, eps, namespace, name)
 	if s == nil {
 		if err := c.state.DeleteService(c.id, hostname); err != nil {
 			c.log.Error("delete service", "service", hostname, "error", err)
