@@ -2056,7 +2056,7 @@ type Service struct {
 	// means "this cluster only", as Kubernetes MCS does for cluster.local
 	// when only clusterset.local spans clusters (Istio's
 	// ENABLE_MCS_CLUSTER_LOCAL, meshConfig serviceSettings clusterLocal).
-	ClusterLocal  bool `protobuf:"varint,13,opt,name=cluster_local,json=clusterLocal,proto3" json:"cluster_local,omitempty"`
+	ClusterLocal  bool `protobuf:"varint,14,opt,name=cluster_local,json=clusterLocal,proto3" json:"cluster_local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2758,7 +2758,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	" \x01(\bR\fmeshExternal\x12\x1b\n" +
 	"\texport_to\x18\v \x03(\tR\bexportTo\x12*\n" +
 	"\x11subject_alt_names\x18\f \x03(\tR\x0fsubjectAltNames\x12#\n" +
-	"\rcluster_local\x18\r \x01(\bR\fclusterLocal\x1a9\n" +
+	"\rcluster_local\x18\x0e \x01(\bR\fclusterLocal\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +

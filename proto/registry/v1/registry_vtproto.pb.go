@@ -1587,7 +1587,7 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 			dAtA[i] = 0
 		}
 		i--
-		dAtA[i] = 0x68
+		dAtA[i] = 0x70
 	}
 	if len(m.SubjectAltNames) > 0 {
 		for iNdEx := len(m.SubjectAltNames) - 1; iNdEx >= 0; iNdEx-- {
@@ -6945,7 +6945,7 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 			}
 			m.SubjectAltNames = append(m.SubjectAltNames, string(dAtA[iNdEx:postIndex]))
 			iNdEx = postIndex
-		case 13:
+		case 14:
 			if wireType != 0 {
 				return fmt.Errorf("proto: wrong wireType = %d for field ClusterLocal", wireType)
 			}
