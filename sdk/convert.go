@@ -35,6 +35,7 @@ func (s *Service) toProto() *registryv1.Service {
 		SubjectAltNames:   s.SubjectAltNames,
 		MtlsMode:          registryv1.MTLSMode(s.MTLSMode),
 		MtlsModeSource:    s.MTLSModeSource,
+		ClusterLocal:      s.ClusterLocal,
 	}
 }
 
@@ -52,6 +53,7 @@ func endpointsToProto(hostname string, eps []Endpoint) *registryv1.EndpointsRepl
 		e := &eps[i]
 		p := &backing[i]
 		p.Address = e.Address
+		p.AdditionalAddresses = e.AdditionalAddresses
 		p.LabelSet = labels.index(e.Labels)
 		p.PortSet = ports.index(e.TargetPorts)
 		p.NetworkRef = strs.ref(e.Network)

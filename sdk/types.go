@@ -211,6 +211,11 @@ type Service struct {
 	// "annotation estuary.io/mtls-mode"), which `estuary explain` shows.
 	MTLSMode       MTLSMode `json:"mtls_mode,omitempty"`
 	MTLSModeSource string   `json:"mtls_mode_source,omitempty"`
+	// ClusterLocal confines this instance's endpoints of the service to
+	// clients of the instance's cluster (those whose CLUSTER_ID names
+	// it). Kubernetes MCS uses it for cluster.local when only
+	// clusterset.local spans clusters.
+	ClusterLocal bool `json:"cluster_local,omitempty"`
 }
 
 // Equal reports whether two services carry the same data.
@@ -223,7 +228,8 @@ func (s *Service) Equal(o *Service) bool {
 		maps.Equal(s.Labels, o.Labels) &&
 		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
 		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames) &&
-		s.MTLSMode == o.MTLSMode && s.MTLSModeSource == o.MTLSModeSource
+		s.MTLSMode == o.MTLSMode && s.MTLSModeSource == o.MTLSModeSource &&
+		s.ClusterLocal == o.ClusterLocal
 }
 
 // Locality is where a workload runs.
@@ -264,6 +270,10 @@ type Endpoint struct {
 	// network's gateway, so the host sends it to clients on other networks
 	// as that gateway and to nobody else.
 	Address string `json:"address"`
+	// AdditionalAddresses are the workload's other IPs (a dual-stack pod's
+	// second address family): still one endpoint, counted once in load
+	// balancing. Address alone decides the endpoint's network.
+	AdditionalAddresses []string `json:"additional_addresses,omitempty"`
 	// TargetPorts maps a service port name to the port the endpoint listens
 	// on; a port absent here is served on the service port's number.
 	TargetPorts map[string]uint32 `json:"target_ports,omitempty"`
@@ -286,7 +296,8 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 	return e.Address == o.Address && e.Network == o.Network && e.Locality == o.Locality &&
 		e.Weight == o.Weight && e.TLSMode == o.TLSMode && e.ServiceAccount == o.ServiceAccount &&
 		e.Health == o.Health && e.WorkloadName == o.WorkloadName &&
-		maps.Equal(e.TargetPorts, o.TargetPorts) && maps.Equal(e.Labels, o.Labels)
+		maps.Equal(e.TargetPorts, o.TargetPorts) && maps.Equal(e.Labels, o.Labels) &&
+		slices.Equal(e.AdditionalAddresses, o.AdditionalAddresses)
 }
 
 // NetworkGateway is an east-west gateway into a network.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	mcscrd "sigs.k8s.io/mcs-api/config/crd"
 	"sigs.k8s.io/yaml"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,30 @@ func (k *Kube) InstallIstioCRDs(t testing.TB, names ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	k.installCRDs(t, path, bytes.Split(src, []byte("\n---\n")), names)
+}
+
+// MCS CRD names, as sigs.k8s.io/mcs-api defines them.
+const (
+	CRDServiceExports = "serviceexports.multicluster.x-k8s.io"
+	CRDServiceImports = "serviceimports.multicluster.x-k8s.io"
+)
+
+// InstallMCSCRDs installs the Kubernetes Multi-Cluster Services API CRDs,
+// ServiceExport and ServiceImport, exactly as the sigs.k8s.io/mcs-api
+// module the project requires ships them (its config/crd package embeds
+// the upstream YAML), and waits until they are established. They serve
+// v1alpha1 and v1beta1.
+func (k *Kube) InstallMCSCRDs(t testing.TB) {
+	t.Helper()
+	k.installCRDs(t, "sigs.k8s.io/mcs-api/config/crd", [][]byte{mcscrd.ServiceExportCRD, mcscrd.ServiceImportCRD},
+		[]string{CRDServiceExports, CRDServiceImports})
+}
+
+// installCRDs creates the CRDs among docs (YAML documents from source)
+// whose names are listed, and waits until they are established.
+func (k *Kube) installCRDs(t testing.TB, source string, docs [][]byte, names []string) {
+	t.Helper()
 	dyn, err := dynamic.NewForConfig(k.RestConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +67,7 @@ func (k *Kube) InstallIstioCRDs(t testing.TB, names ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var installed []string
-	for _, doc := range bytes.Split(src, []byte("\n---\n")) {
+	for _, doc := range docs {
 		u := &unstructured.Unstructured{}
 		if err := yaml.Unmarshal(doc, &u.Object); err != nil || u.Object == nil {
 			continue
@@ -56,7 +81,7 @@ func (k *Kube) InstallIstioCRDs(t testing.TB, names ...string) {
 		installed = append(installed, u.GetName())
 	}
 	if len(installed) != len(names) {
-		t.Fatalf("testbed: found CRDs %v in %s, want %v", installed, path, names)
+		t.Fatalf("testbed: found CRDs %v in %s, want %v", installed, source, names)
 	}
 	for _, name := range installed {
 		for {

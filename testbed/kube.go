@@ -60,9 +60,9 @@ type Kube struct {
 // t.TempDir() and waits until /readyz is ok and the default namespace
 // exists. The processes are killed by t.Cleanup. A missing binary fails the
 // test with a message saying to run `make testbed`.
-func StartKube(t testing.TB) *Kube {
+func StartKube(t testing.TB, opts ...KubeOption) *Kube {
 	t.Helper()
-	k, err := startKube(t)
+	k, err := startKube(t, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,13 +71,13 @@ func StartKube(t testing.TB) *Kube {
 
 // StartKubes starts n independent clusters at the same time (faster than n
 // calls to StartKube on a multi-core machine).
-func StartKubes(t testing.TB, n int) []*Kube {
+func StartKubes(t testing.TB, n int, opts ...KubeOption) []*Kube {
 	t.Helper()
 	ks := make([]*Kube, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { ks[i], errs[i] = startKube(t) })
+		wg.Go(func() { ks[i], errs[i] = startKube(t, opts) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -88,8 +88,35 @@ func StartKubes(t testing.TB, n int) []*Kube {
 	return ks
 }
 
-func startKube(t testing.TB) (*Kube, error) {
+// KubeOption changes how StartKube and StartKubes start a cluster; the
+// defaults suit most tests.
+type KubeOption func(*kubeOptions)
+
+type kubeOptions struct {
+	serviceCIDRs string
+}
+
+// DefaultServiceCIDR is the Service IP range of a cluster started without
+// options: single-stack IPv4.
+const DefaultServiceCIDR = "10.96.0.0/16"
+
+// DualStackServiceCIDRs are the IPv4 and IPv6 Service ranges WithDualStack
+// gives a cluster.
+const DualStackServiceCIDRs = DefaultServiceCIDR + ",fd00:10:96::/112"
+
+// WithDualStack starts the API server with an IPv4 and an IPv6 Service
+// range, so a Service with ipFamilyPolicy RequireDualStack gets a
+// ClusterIP of each family.
+func WithDualStack() KubeOption {
+	return func(o *kubeOptions) { o.serviceCIDRs = DualStackServiceCIDRs }
+}
+
+func startKube(t testing.TB, opts []KubeOption) (*Kube, error) {
 	t.Helper()
+	o := kubeOptions{serviceCIDRs: DefaultServiceCIDR}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	apiBin, err := Bin("kube-apiserver")
 	if err != nil {
 		return nil, err
@@ -150,7 +177,7 @@ func startKube(t testing.TB) (*Kube, error) {
 			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 			"--service-account-key-file=" + p.saPub,
 			"--service-account-signing-key-file=" + p.saKey,
-			"--service-cluster-ip-range=10.96.0.0/16",
+			"--service-cluster-ip-range=" + o.serviceCIDRs,
 			"--disable-admission-plugins=ServiceAccount",
 			"--endpoint-reconciler-type=none",
 			"--allow-privileged=true",

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/tools/clientcmd/api/latest"
+	"k8s.io/utils/ptr"
 
 	"github.com/estuary-mesh/estuary/testbed"
 )
@@ -329,5 +330,29 @@ func TestFaultProxy(t *testing.T) {
 	reqs := px.Requests()
 	if len(reqs) < 3 || reqs[0].Status != http.StatusOK || reqs[0].Injected || !reqs[1].Injected || reqs[1].Status != http.StatusServiceUnavailable {
 		t.Errorf("requests recorded: %+v", reqs)
+	}
+}
+
+// WithDualStack gives Services a ClusterIP of each family; a cluster
+// started without it stays single-stack IPv4, and refuses them.
+func TestDualStackOption(t *testing.T) {
+	c := ctx(t)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "dual", Namespace: "default"},
+		Spec: corev1.ServiceSpec{
+			Ports:          []corev1.ServicePort{{Name: "http", Port: 80}},
+			IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyRequireDualStack),
+		},
+	}
+	single, dual := testbed.StartKube(t), testbed.StartKube(t, testbed.WithDualStack())
+	if _, err := single.Client().CoreV1().Services("default").Create(c, svc, metav1.CreateOptions{}); err == nil {
+		t.Error("a default cluster accepted a RequireDualStack Service; its Service range is meant to be IPv4 only")
+	}
+	got, err := dual.Client().CoreV1().Services("default").Create(c, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("dual-stack cluster: %v", err)
+	}
+	if want := []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}; len(got.Spec.ClusterIPs) != 2 || !slices.Equal(got.Spec.IPFamilies, want) {
+		t.Errorf("ClusterIPs %v, families %v; want one IPv4 and one IPv6", got.Spec.ClusterIPs, got.Spec.IPFamilies)
 	}
 }

@@ -3,7 +3,9 @@ package xds
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"strconv"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -32,15 +34,21 @@ func (s *Server) EndpointRows(v model.View, cluster string) ([]model.EndpointRow
 			for _, lb := range le.GetLbEndpoints() {
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 				md := lb.GetMetadata().GetFilterMetadata()
+				var also []string
+				for _, a := range lb.GetEndpoint().GetAdditionalAddresses() {
+					x := a.GetAddress().GetSocketAddress()
+					also = append(also, net.JoinHostPort(x.GetAddress(), strconv.FormatUint(uint64(x.GetPortValue()), 10)))
+				}
 				rows = append(rows, model.EndpointRow{
-					Cluster:  cla.GetClusterName(),
-					Endpoint: fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()),
-					Health:   lb.GetHealthStatus().String(),
-					Weight:   lb.GetLoadBalancingWeight().GetValue(),
-					Locality: loc,
-					Network:  md["istio"].GetFields()["network"].GetStringValue(),
-					Registry: md["istio"].GetFields()["cluster"].GetStringValue(),
-					TLSMode:  md["envoy.transport_socket_match"].GetFields()["tlsMode"].GetStringValue(),
+					AdditionalAddresses: also,
+					Cluster:             cla.GetClusterName(),
+					Endpoint:            fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue()),
+					Health:              lb.GetHealthStatus().String(),
+					Weight:              lb.GetLoadBalancingWeight().GetValue(),
+					Locality:            loc,
+					Network:             md["istio"].GetFields()["network"].GetStringValue(),
+					Registry:            md["istio"].GetFields()["cluster"].GetStringValue(),
+					TLSMode:             md["envoy.transport_socket_match"].GetFields()["tlsMode"].GetStringValue(),
 				})
 			}
 		}

@@ -32,6 +32,8 @@ const (
 	lbeMetadata           = 3 // LbEndpoint.metadata
 	lbeWeight             = 4 // LbEndpoint.load_balancing_weight
 	epAddress             = 1 // Endpoint.address
+	epAdditionalAddresses = 4 // Endpoint.additional_addresses
+	addlAddress           = 1 // Endpoint.AdditionalAddress.address
 	addrSocketAddress     = 1 // Address.socket_address
 	saAddress             = 2 // SocketAddress.address
 	saPortValue           = 3 // SocketAddress.port_value
@@ -183,11 +185,32 @@ func (c *claEncoder) appendGroup(e *encodeBuf, out []byte, g *model.LocalityGrou
 	return out
 }
 
-// appendLbEndpoint appends a length-prefixed LbEndpoint.
+// socketAddressSize is the size of an Address holding a SocketAddress.
+func socketAddressSize(addr string, port uint32) (addrSize, saSize int) {
+	saSize = stringFieldSize(saAddress, addr) + 1 + protowire.SizeVarint(uint64(port))
+	return 1 + protowire.SizeBytes(saSize), saSize
+}
+
+// appendSocketAddress appends an Address's fields (not its length).
+func appendSocketAddress(out []byte, addr string, port uint32, saSize int) []byte {
+	out = protowire.AppendTag(out, addrSocketAddress, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(saSize))
+	out = appendStringField(out, saAddress, addr)
+	out = protowire.AppendTag(out, saPortValue, protowire.VarintType)
+	return protowire.AppendVarint(out, uint64(port))
+}
+
+// appendLbEndpoint appends a length-prefixed LbEndpoint. A dual-stack
+// endpoint's other addresses go into Endpoint.additional_addresses, on the
+// same port: Envoy counts the endpoint once and connects to whichever
+// address family works (happy eyeballs).
 func appendLbEndpoint(out []byte, ep *model.LbEndpoint, weight uint32, meta []byte) []byte {
-	saSize := stringFieldSize(saAddress, ep.Address) + 1 + protowire.SizeVarint(uint64(ep.Port))
-	addrSize := 1 + protowire.SizeBytes(saSize)
+	addrSize, saSize := socketAddressSize(ep.Address, ep.Port)
 	endpointSize := 1 + protowire.SizeBytes(addrSize)
+	for _, a := range ep.AdditionalAddresses {
+		n, _ := socketAddressSize(a, ep.Port)
+		endpointSize += 1 + protowire.SizeBytes(1+protowire.SizeBytes(n))
+	}
 	wSize := 1 + protowire.SizeVarint(uint64(weight))
 	size := 1 + protowire.SizeBytes(endpointSize) + 2 + 1 + protowire.SizeBytes(len(meta)) + 1 + protowire.SizeBytes(wSize)
 	out = protowire.AppendVarint(out, uint64(size))
@@ -195,11 +218,15 @@ func appendLbEndpoint(out []byte, ep *model.LbEndpoint, weight uint32, meta []by
 	out = protowire.AppendVarint(out, uint64(endpointSize))
 	out = protowire.AppendTag(out, epAddress, protowire.BytesType)
 	out = protowire.AppendVarint(out, uint64(addrSize))
-	out = protowire.AppendTag(out, addrSocketAddress, protowire.BytesType)
-	out = protowire.AppendVarint(out, uint64(saSize))
-	out = appendStringField(out, saAddress, ep.Address)
-	out = protowire.AppendTag(out, saPortValue, protowire.VarintType)
-	out = protowire.AppendVarint(out, uint64(ep.Port))
+	out = appendSocketAddress(out, ep.Address, ep.Port, saSize)
+	for _, a := range ep.AdditionalAddresses {
+		n, sa := socketAddressSize(a, ep.Port)
+		out = protowire.AppendTag(out, epAdditionalAddresses, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(1+protowire.SizeBytes(n)))
+		out = protowire.AppendTag(out, addlAddress, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(n))
+		out = appendSocketAddress(out, a, ep.Port, sa)
+	}
 	out = protowire.AppendTag(out, lbeHealthStatus, protowire.VarintType)
 	out = protowire.AppendVarint(out, healthStatus(ep.Health))
 	out = protowire.AppendTag(out, lbeMetadata, protowire.BytesType)

@@ -29,6 +29,7 @@ func TestEncodeCLAMatchesEnvoyTypes(t *testing.T) {
 		{Locality: "us-east1/us-east1-b", Endpoints: []model.LbEndpoint{
 			{Address: "10.0.0.1", Port: 8080, Weight: 3, Network: "network1", Cluster: "cluster1", TLSMode: sdk.TLSModeIstio},
 			{Address: "10.0.0.2", Port: 9090, Health: sdk.HealthUnhealthy, Cluster: "cluster1"},
+			{Address: "10.0.0.3", AdditionalAddresses: []string{"fd00:10:244::3", "192.168.0.3"}, Port: 8080, Cluster: "cluster1"},
 		}},
 		{Locality: "us-west1/us-west1-a/rack7", Priority: 1, Weight: 70000, Endpoints: []model.LbEndpoint{
 			{Address: "2001:db8::1", Port: 443, Weight: 1 << 31, Health: sdk.HealthDraining, Network: "network2"},
@@ -47,6 +48,16 @@ func TestEncodeCLAMatchesEnvoyTypes(t *testing.T) {
 			LoadBalancingWeight: wrapperspb.UInt32(weight),
 		}
 	}
+	// A dual-stack endpoint: its other addresses on the same port.
+	dualStack := func(e *endpointv3.LbEndpoint, extra ...string) *endpointv3.LbEndpoint {
+		ep := e.GetEndpoint()
+		for _, a := range extra {
+			ep.AdditionalAddresses = append(ep.AdditionalAddresses, &endpointv3.Endpoint_AdditionalAddress{
+				Address: socketAddress(a, ep.GetAddress().GetSocketAddress().GetPortValue()),
+			})
+		}
+		return e
+	}
 	want := &endpointv3.ClusterLoadAssignment{
 		ClusterName: "outbound|8080||echo.default.svc.cluster.local",
 		Endpoints: []*endpointv3.LocalityLbEndpoints{
@@ -55,8 +66,9 @@ func TestEncodeCLAMatchesEnvoyTypes(t *testing.T) {
 				LbEndpoints: []*endpointv3.LbEndpoint{
 					lb("10.0.0.1", 8080, 3, corev3.HealthStatus_HEALTHY, endpointMetadata("network1", "cluster1", sdk.TLSModeIstio)),
 					lb("10.0.0.2", 9090, 1, corev3.HealthStatus_UNHEALTHY, endpointMetadata("", "cluster1", sdk.TLSModeDisabled)),
+					dualStack(lb("10.0.0.3", 8080, 1, corev3.HealthStatus_HEALTHY, endpointMetadata("", "cluster1", sdk.TLSModeDisabled)), "fd00:10:244::3", "192.168.0.3"),
 				},
-				LoadBalancingWeight: wrapperspb.UInt32(4),
+				LoadBalancingWeight: wrapperspb.UInt32(5),
 			},
 			{
 				Locality:            &corev3.Locality{Region: "us-west1", Zone: "us-west1-a", SubZone: "rack7"},

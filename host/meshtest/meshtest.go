@@ -21,6 +21,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/network"
 	"github.com/estuary-mesh/estuary/host/replica"
 	registryv1 "github.com/estuary-mesh/estuary/proto/registry/v1"
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // World is a replica and its aggregate, fed one session per plugin.
@@ -176,7 +177,14 @@ func Render(groups []model.LocalityGroup) string {
 	for _, g := range groups {
 		fmt.Fprintf(&b, "locality=%s priority=%d weight=%d\n", g.Locality, g.Priority, g.Weight)
 		for _, e := range g.Endpoints {
-			fmt.Fprintf(&b, "  %s:%d w=%d net=%s cluster=%s tls=%s\n", e.Address, e.Port, e.Weight, e.Network, e.Cluster, e.TLSMode)
+			fmt.Fprintf(&b, "  %s:%d w=%d net=%s cluster=%s tls=%s", e.Address, e.Port, e.Weight, e.Network, e.Cluster, e.TLSMode)
+			if e.Health != sdk.HealthHealthy {
+				fmt.Fprintf(&b, " health=%s", e.Health)
+			}
+			if len(e.AdditionalAddresses) > 0 {
+				fmt.Fprintf(&b, " also=%s", strings.Join(e.AdditionalAddresses, ","))
+			}
+			b.WriteByte('\n')
 		}
 	}
 	return b.String()

@@ -5,7 +5,11 @@ import "github.com/estuary-mesh/estuary/sdk"
 // LbEndpoint is one endpoint a view receives, before encoding.
 type LbEndpoint struct {
 	Address string
-	Port    uint32
+	// AdditionalAddresses are the endpoint's other IPs (a dual-stack
+	// pod's), served on Port too. Shared with the registry replica: never
+	// modified. A gateway that replaces the endpoint has none.
+	AdditionalAddresses []string
+	Port                uint32
 	// Weight is the load-balancing weight. The endpoint pipeline never
 	// leaves it 0; an encoder sends 0 as 1, as Envoy requires.
 	Weight  uint32
@@ -30,10 +34,13 @@ type LocalityGroup struct {
 type EndpointRow struct {
 	Cluster  string `json:"cluster"`
 	Endpoint string `json:"endpoint"`
-	Health   string `json:"health"`
-	Weight   uint32 `json:"weight"`
-	Locality string `json:"locality"`
-	Network  string `json:"network,omitempty"`
+	// AdditionalAddresses are the endpoint's other addresses (dual stack),
+	// as ADDR:PORT.
+	AdditionalAddresses []string `json:"additional_addresses,omitempty"`
+	Health              string   `json:"health"`
+	Weight              uint32   `json:"weight"`
+	Locality            string   `json:"locality"`
+	Network             string   `json:"network,omitempty"`
 	// Registry is the cluster of the registry the endpoint came from (or,
 	// for a gateway, the gateway's cluster).
 	Registry string `json:"registry_cluster,omitempty"`

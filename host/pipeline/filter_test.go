@@ -43,6 +43,16 @@ func lb(addr, network, cluster string, weight uint32, tls sdk.TLSMode) model.LbE
 	return model.LbEndpoint{Address: addr, Port: 80, Weight: weight, Network: network, Cluster: cluster, TLSMode: tls}
 }
 
+func dual(ep model.LbEndpoint, extra ...string) model.LbEndpoint {
+	ep.AdditionalAddresses = extra
+	return ep
+}
+
+func withHealth(ep model.LbEndpoint, h sdk.Health) model.LbEndpoint {
+	ep.Health = h
+	return ep
+}
+
 const (
 	istio    = sdk.TLSModeIstio
 	disabled = sdk.TLSModeDisabled
@@ -176,6 +186,31 @@ locality=us-west1/us-west1-a priority=1 weight=6
 			lb("10.2.1.3", "network2", "cluster2b", 0, disabled),
 		}}},
 		want: `locality=r/z priority=0 weight=6
+  2.2.2.3:15443 w=6 net=network2 cluster=cluster2b tls=istio
+`,
+	}, {
+		name: "draining or unhealthy remote endpoints add nothing to their gateway; local ones are kept as they are",
+		view: model.View{Network: "network1"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
+			withHealth(lb("10.1.0.1", "network1", "cluster1", 0, istio), sdk.HealthDraining), // local: kept, 6
+			lb("10.2.1.1", "network2", "cluster2b", 0, istio),                                // 6 -> 2.2.2.3
+			withHealth(lb("10.2.1.2", "network2", "cluster2b", 0, istio), sdk.HealthDraining),
+			withHealth(lb("10.2.1.3", "network2", "cluster2b", 0, istio), sdk.HealthUnhealthy),
+			withHealth(lb("10.2.0.1", "network2", "cluster2a", 0, istio), sdk.HealthDraining), // its gateways get nothing
+		}}},
+		want: `locality=r/z priority=0 weight=12
+  10.1.0.1:80 w=6 net=network1 cluster=cluster1 tls=istio health=DRAINING
+  2.2.2.3:15443 w=6 net=network2 cluster=cluster2b tls=istio
+`,
+	}, {
+		name: "dual stack: a local endpoint keeps its other addresses, a remote one's gateway has none; the primary address decides the network",
+		view: model.View{Network: "network1"},
+		in: []model.LocalityGroup{{Locality: "r/z", Endpoints: []model.LbEndpoint{
+			dual(lb("10.1.0.1", "network1", "cluster1", 0, istio), "fd00:1::1"),  // local: kept with both, 6
+			dual(lb("10.2.1.1", "network2", "cluster2b", 0, istio), "fd00:2::1"), // 6 -> 2.2.2.3, which has no other address
+		}}},
+		want: `locality=r/z priority=0 weight=12
+  10.1.0.1:80 w=6 net=network1 cluster=cluster1 tls=istio also=fd00:1::1
   2.2.2.3:15443 w=6 net=network2 cluster=cluster2b tls=istio
 `,
 	}, {

@@ -152,7 +152,9 @@ func (p *Pipeline) Endpoints(v model.View, name string, tr *Trace) ([]model.Loca
 //     node without a network (Istio treats both as "same network"), or on
 //     a network without gateways are kept as they are;
 //   - of the others, those not in Istio mTLS mode are dropped (the gateway
-//     routes by SNI, which only mTLS carries); each remaining one's weight
+//     routes by SNI, which only mTLS carries), and so are those not
+//     HEALTHY (a draining endpoint takes no new requests, so it must not
+//     draw them to its gateway); each remaining one's weight
 //     is split evenly among its gateways (those of its network and cluster,
 //     else of its network) by integer division, summed per gateway;
 //   - one endpoint per gateway follows the kept ones, in address then port
@@ -193,7 +195,7 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		return nil, fmt.Errorf("%w: service %q has no port %d", ErrNoPort, c.Host, c.Port)
 	}
 	var buf [4]aggregate.EndpointSource // a service is rarely in more instances
-	groups := p.collect(sc, snap, port, c, p.agg.AppendEndpointSources(buf[:0], c.Host), tr)
+	groups := p.collect(sc, snap, port, c, visibleSources(v, c.Host, p.agg.AppendEndpointSources(buf[:0], c.Host)), tr)
 	switch {
 	case v.Kind == model.KindRouter:
 		groups = forward(groups, v, tr)
@@ -203,6 +205,23 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		groups = oneNetwork(groups, tr)
 	}
 	return groups, nil
+}
+
+// visibleSources drops, in place, the sources whose instance marks the
+// service cluster-local when the view declares another cluster. A view
+// with no cluster (a client that sends no CLUSTER_ID) is in none and is
+// confined nowhere.
+func visibleSources(v model.View, host string, sources []aggregate.EndpointSource) []aggregate.EndpointSource {
+	if v.Cluster == "" {
+		return sources
+	}
+	return slices.DeleteFunc(sources, func(src aggregate.EndpointSource) bool {
+		if src.Instance.Key.Cluster == v.Cluster {
+			return false
+		}
+		s := src.Instance.Service(host)
+		return s != nil && s.ClusterLocal
+	})
 }
 
 // collect groups the endpoints of one cluster by locality, in locality
@@ -228,7 +247,7 @@ func (p *Pipeline) collect(sc *Scratch, snap *network.Snapshot, port sdk.Port, c
 				}
 			}
 			lb := model.LbEndpoint{
-				Address: e.Address, Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
+				Address: e.Address, AdditionalAddresses: e.AdditionalAddresses(), Port: e.TargetPort(port), Weight: max(e.Weight, 1), Health: e.Health,
 				Network: network, Cluster: cluster, TLSMode: e.TLSMode,
 			}
 			groups[j].Endpoints = append(groups[j].Endpoints, lb)
@@ -397,6 +416,15 @@ func (p *Pipeline) filter(sc *Scratch, s *network.Snapshot, v model.View, groups
 			if ep.TLSMode != sdk.TLSModeIstio {
 				if tr != nil {
 					tr.decided(i, fate{decision: DroppedTLS, weight: w})
+				}
+				continue
+			}
+			if ep.Health != sdk.HealthHealthy {
+				// The gateway is sent HEALTHY: a draining endpoint's
+				// weight would draw new requests to the gateway that
+				// the endpoint itself must no longer get.
+				if tr != nil {
+					tr.decided(i, fate{decision: DroppedNotHealthy, weight: w})
 				}
 				continue
 			}

@@ -99,17 +99,18 @@ type Decision uint8
 // Decisions. The first six are a sidecar's or proxyless client's, in a
 // multi-network mesh; the router ones are an east-west gateway's.
 const (
-	KeptLocal        Decision = iota // on the node's network, or either network unknown
-	KeptNoGateway                    // its network has no gateway
-	Replaced                         // replaced by its network's gateways
-	DroppedView                      // outside REQUESTED_NETWORK_VIEW
-	DroppedTLS                       // remote and not in Istio mTLS mode
-	DroppedPending                   // its network's gateways have no address yet
-	KeptOneNetwork                   // multi-network is off: every endpoint is sent as is
-	Forwarded                        // an east-west gateway forwards to it
-	DroppedRemote                    // an east-west gateway does not forward to another network
-	DroppedPlain                     // an east-west gateway forwards only Istio mTLS
-	DroppedNoAddress                 // network-only: reachable through its network's gateway only
+	KeptLocal         Decision = iota // on the node's network, or either network unknown
+	KeptNoGateway                     // its network has no gateway
+	Replaced                          // replaced by its network's gateways
+	DroppedView                       // outside REQUESTED_NETWORK_VIEW
+	DroppedTLS                        // remote and not in Istio mTLS mode
+	DroppedPending                    // its network's gateways have no address yet
+	KeptOneNetwork                    // multi-network is off: every endpoint is sent as is
+	Forwarded                         // an east-west gateway forwards to it
+	DroppedRemote                     // an east-west gateway does not forward to another network
+	DroppedPlain                      // an east-west gateway forwards only Istio mTLS
+	DroppedNoAddress                  // network-only: reachable through its network's gateway only
+	DroppedNotHealthy                 // on another network, draining or unhealthy: adds nothing to its gateways
 )
 
 func (d Decision) String() string {
@@ -136,6 +137,8 @@ func (d Decision) String() string {
 		return "dropped: not in Istio mTLS mode, which the east-west gateway's SNI passthrough requires"
 	case DroppedNoAddress:
 		return "dropped: it has no address (a network-only endpoint), so only its network's gateway reaches it, and this node would get it directly"
+	case DroppedNotHealthy:
+		return "dropped: on another network and draining or unhealthy, so it takes no new requests and adds no weight to its gateways"
 	}
 	return "unknown"
 }
@@ -150,7 +153,7 @@ func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // UnmarshalText reads what MarshalText wrote.
 func (d *Decision) UnmarshalText(b []byte) error {
-	for x := KeptLocal; x <= DroppedNoAddress; x++ {
+	for x := KeptLocal; x <= DroppedNotHealthy; x++ {
 		if x.String() == string(b) {
 			*d = x
 			return nil

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	kubeclient "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -66,6 +67,9 @@ type cluster struct {
 	serviceInf, sliceInf, podInf, nodeInf, namespaceInf cache.SharedIndexInformer
 	queue                                               workqueue.TypedInterface[workItem]
 	conv                                                converter // owned by the worker goroutine
+	// mcs watches ServiceExports and ServiceImports; nil unless the
+	// config's mcs is on.
+	mcs *mcsWatch
 
 	ctx          context.Context
 	cancel       context.CancelFunc
@@ -85,6 +89,7 @@ type cluster struct {
 	inherited bool              // the instance holds state a previous client published
 	failures  map[string]string // request path -> last failure, "" when it succeeded
 	gwNotices []sdk.Notice
+	mcsNotice []sdk.Notice // why MCS is off in this cluster
 	extra     []sdk.Notice // notices of others about this instance (the primary's secrets)
 	// svcNotices are problems with services' annotations, by namespace/name.
 	svcNotices map[string]sdk.Notice
@@ -130,6 +135,7 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 			domainSuffix: spec.opts.domainSuffix,
 			trustDomain:  spec.opts.trustDomain,
 			network:      spec.network,
+			clusterLocal: spec.opts.clusterSetOnly,
 		},
 	}
 	var err error
@@ -144,6 +150,15 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 	c.nodeInf = c.factory.Core().V1().Nodes().Informer()
 	c.namespaceInf = c.factory.Core().V1().Namespaces().Informer()
 	c.queue = workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[workItem]{Name: ""})
+	if spec.opts.mcs {
+		dyn, err := dynamic.NewForConfigAndClient(rest.CopyConfig(rc), c.httpClient)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
+		}
+		if c.mcs, err = newMCSWatch(c, dyn); err != nil {
+			return nil, err
+		}
+	}
 
 	setup := []struct {
 		inf       cache.SharedIndexInformer
@@ -227,6 +242,9 @@ func (c *cluster) stop() {
 	c.cancel()
 	c.queue.ShutDown()
 	c.factory.Shutdown()
+	if c.mcs != nil {
+		c.mcs.factory.Shutdown()
+	}
 	<-c.done
 	c.dialer.CloseAll()
 	utilnet.CloseIdleConnectionsFor(c.httpClient.Transport)
@@ -267,6 +285,20 @@ func (c *cluster) properties(network string) sdk.InstanceProperties {
 func (c *cluster) run() {
 	defer close(c.done)
 	hasSynced := []cache.InformerSynced{c.serviceInf.HasSynced, c.sliceInf.HasSynced, c.podInf.HasSynced, c.nodeInf.HasSynced, c.namespaceInf.HasSynced}
+	if c.mcs != nil {
+		synced, off := c.mcs.start(c.ctx, c)
+		if c.ctx.Err() != nil {
+			return
+		}
+		hasSynced = append(hasSynced, synced...)
+		if off != "" {
+			c.log.Warn("MCS is off in this cluster", "server", c.server, "error", off)
+			c.mu.Lock()
+			c.mcsNotice = []sdk.Notice{{Subject: "cluster " + c.spec.id + " MCS", Message: off}}
+			c.publishHealthLocked()
+			c.mu.Unlock()
+		}
+	}
 	err := wait.PollUntilContextCancel(c.ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		for _, f := range hasSynced {
 			if !f() {
@@ -336,7 +368,25 @@ func (c *cluster) publishAll() int {
 		_, err := mtlsMode(svc)
 		c.noteService(svc.Namespace, svc.Name, err)
 		snap.Services = append(snap.Services, s)
-		snap.Endpoints[s.Hostname] = c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
+		eps := c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
+		snap.Endpoints[s.Hostname] = eps
+		if cs, eps := c.clusterSetService(svc, eps, svc.Namespace, svc.Name); cs != nil {
+			snap.Services = append(snap.Services, cs)
+			snap.Endpoints[cs.Hostname] = eps
+		}
+	}
+	if c.mcs != nil {
+		// Imports of services this cluster does not have.
+		for _, key := range c.mcs.importKeys() {
+			ns, name, _ := strings.Cut(key, "/")
+			if _, ok, _ := c.serviceInf.GetIndexer().GetByKey(key); ok {
+				continue // done above
+			}
+			if cs, eps := c.clusterSetService(nil, nil, ns, name); cs != nil {
+				snap.Services = append(snap.Services, cs)
+				snap.Endpoints[cs.Hostname] = eps
+			}
+		}
 	}
 	gws, notices := c.gateways()
 	snap.Gateways = gws
@@ -355,16 +405,19 @@ func (c *cluster) publishService(namespace, name string) {
 		if err := c.state.DeleteService(c.id, hostname); err != nil {
 			c.log.Error("delete service", "service", hostname, "error", err)
 		}
+		c.publishClusterSet(nil, nil, namespace, name)
 		return
 	}
 	svc := obj.(*corev1.Service)
 	_, err := mtlsMode(svc)
 	c.noteService(namespace, name, err)
+	eps := c.conv.endpoints(svc, c.slicesOf(namespace, name), c)
+	defer c.publishClusterSet(svc, eps, namespace, name)
 	if err := c.state.UpsertService(c.id, c.conv.service(svc)); err != nil {
 		c.log.Error("upsert service", "service", hostname, "error", err)
 		return
 	}
-	if err := c.state.SetEndpoints(c.id, hostname, c.conv.endpoints(svc, c.slicesOf(namespace, name), c)); err != nil {
+	if err := c.state.SetEndpoints(c.id, hostname, eps); err != nil {
 		c.log.Error("set endpoints", "service", hostname, "error", err)
 	}
 }

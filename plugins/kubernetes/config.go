@@ -37,6 +37,8 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "discovery_namespaces", Type: "list(string)", Description: "label selectors; a namespace matching any is watched; empty means all"},
 	{Name: "remote_sync_timeout", Type: sdk.TypeDuration, Description: `how long readiness waits for a remote cluster, and a rotated kubeconfig, to sync; default "30s"`},
 	{Name: "allow_kubeconfig_options", Type: "list(string)", Description: "kubeconfig features remote secrets may use: " + strings.Join(kubeconfigOptions, ", ")},
+	{Name: "mcs", Type: "bool", Description: "read Kubernetes Multi-Cluster Services (ServiceExport, ServiceImport, multicluster.x-k8s.io/v1alpha1) in every cluster: an exported Service is also NAME.NAMESPACE.svc.clusterset.local with the endpoints of the clusters that export it; default false (Istio's ENABLE_MCS_SERVICE_DISCOVERY and ENABLE_MCS_HOST)"},
+	{Name: "clusterset_only", Type: "bool", Description: "with mcs: NAME.NAMESPACE.svc.cluster.local reaches only the client's own cluster, and only clusterset.local spans clusters; default false, cluster.local merges every cluster's endpoints (Istio's ENABLE_MCS_CLUSTER_LOCAL)"},
 	{Name: "allowed_servers", Type: "list(string)", Description: "CIDRs or host names (*.example.com) remote API servers must be in; empty means any but link-local and metadata addresses and the host's own listen addresses"},
 }}
 
@@ -53,6 +55,8 @@ type config struct {
 	RemoteSyncTimeout      *sdk.Duration `json:"remote_sync_timeout"`
 	AllowKubeconfigOptions []string      `json:"allow_kubeconfig_options"`
 	AllowedServers         []string      `json:"allowed_servers"`
+	MCS                    *bool         `json:"mcs"`
+	ClusterSetOnly         *bool         `json:"clusterset_only"`
 }
 
 // options is a validated config with defaults applied.
@@ -66,6 +70,8 @@ type options struct {
 	discovery           []labels.Selector // empty: every namespace
 	remoteSyncTimeout   time.Duration
 	policy              kubeconfigPolicy
+	mcs                 bool // read ServiceExports and ServiceImports
+	clusterSetOnly      bool // cluster.local is cluster-local
 }
 
 // parseConfig validates cfg, reporting every problem with its path.
@@ -81,6 +87,13 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*options, sdk.Diagnostics)
 		systemNamespace:   cmp.Or(sdk.ValueOr(cfg.SecretNamespace, ""), defaultSecretNamespace),
 		remoteSyncTimeout: defaultRemoteSyncTimeout,
 		policy:            kubeconfigPolicy{allowed: map[string]bool{}, hostAddrs: mesh.HostAddresses},
+	}
+	o.mcs, o.clusterSetOnly = sdk.ValueOr(cfg.MCS, false), sdk.ValueOr(cfg.ClusterSetOnly, false)
+	if o.clusterSetOnly && !o.mcs {
+		diags.Errorf([]string{"clusterset_only"}, "clusterset_only needs mcs = true: without MCS no host spans clusters, and cluster.local confined to one would leave none")
+	}
+	if o.mcs && o.domainSuffix == clusterSetDomain {
+		diags.Errorf([]string{"domain_suffix"}, "domain_suffix %q is the MCS clusterset domain; with mcs, cluster hosts need another", o.domainSuffix)
 	}
 	if cfg.ClusterID != nil && *cfg.ClusterID == "" {
 		diags.Errorf([]string{"cluster_id"}, "cluster_id must not be empty")

@@ -92,6 +92,8 @@ func TestConfigValidation(t *testing.T) {
 		{"empty cluster id", `cluster_id = ""`, []string{"cluster_id"}, "must not be empty"},
 		{"bad secret namespace", `secret_namespace = "Istio_System"`, []string{"secret_namespace"}, "is not a namespace name"},
 		{"bad domain suffix", `domain_suffix = "cluster local"`, []string{"domain_suffix"}, "is not a DNS name"},
+		{"clusterset_only without mcs", `clusterset_only = true`, []string{"clusterset_only"}, "needs mcs = true"},
+		{"mcs with the clusterset domain", "mcs = true\ndomain_suffix = \"clusterset.local\"", []string{"domain_suffix"}, "is the MCS clusterset domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -27,6 +28,9 @@ type converter struct {
 	// network is given to endpoints whose pod names none: the system
 	// namespace's label, else the configured network.
 	network string
+	// clusterLocal marks cluster.local services cluster-local
+	// (clusterset_only).
+	clusterLocal bool
 	// identities interns SPIFFE identities, which 100,000 endpoints share
 	// among a few hundred service accounts.
 	identities map[string]string
@@ -45,6 +49,9 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 		Name:      svc.Name,
 		Labels:    svc.Labels,
 		ExportTo:  exportTo(svc.Annotations[istio.AnnotationExportTo]),
+		// With clusterset_only, cluster.local reaches the client's own
+		// cluster only; clusterset.local spans the exporting clusters.
+		ClusterLocal: c.clusterLocal,
 	}
 	if m, err := mtlsMode(svc); err == nil && m != sdk.MTLSModeUnset {
 		out.MTLSMode, out.MTLSModeSource = m, "annotation "+sdk.AnnotationMTLSMode
@@ -182,11 +189,17 @@ func (c *converter) externalNameEndpoints(svc *corev1.Service) []sdk.Endpoint {
 }
 
 // endpoints builds a service's endpoints from its EndpointSlices: the ready
-// endpoints (all of them if the service publishes not-ready addresses), one
+// endpoints and the draining ones (all of them if the service publishes
+// not-ready addresses; see endpointHealth), one
 // per address, with the service port names mapped to the slice's ports,
 // sorted by address.
 // An address listed by several slices (for example while the EndpointSlice
-// controller moves it) appears once, with the ports of all.
+// controller moves it) appears once, with the ports of all. So does a pod
+// listed by several slices with different addresses: a dual-stack pod is
+// in an IPv4 and an IPv6 slice (one per address family, both naming it in
+// targetRef). It is one endpoint, counted once in load balancing: its
+// address is the one of the service's primary family (spec.ipFamilies[0])
+// and the others are AdditionalAddresses.
 func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, objs objects) []sdk.Endpoint {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return c.externalNameEndpoints(svc)
@@ -196,10 +209,11 @@ func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.Endpo
 		n += len(s.Endpoints)
 	}
 	out := make([]sdk.Endpoint, 0, n)
-	var seen map[string]int // address -> index in out, only with several slices
+	var seen map[workloadKey]int // -> index in out, only with several slices
 	if len(epSlices) > 1 {
-		seen = make(map[string]int, n)
+		seen = make(map[workloadKey]int, n)
 	}
+	dual := false
 	for _, s := range epSlices {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
@@ -207,24 +221,117 @@ func (c *converter) endpoints(svc *corev1.Service, epSlices []*discoveryv1.Endpo
 		ports := targetPorts(svc, s) // shared by the slice's endpoints; never modified
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if len(e.Addresses) == 0 || (!svc.Spec.PublishNotReadyAddresses && !isReady(e)) {
+			health, ok := endpointHealth(e, svc.Spec.PublishNotReadyAddresses)
+			if len(e.Addresses) == 0 || !ok {
 				continue
 			}
 			addr := e.Addresses[0] // the others are the same endpoint
 			if seen != nil {
-				if j, dup := seen[addr]; dup {
-					out[j].TargetPorts = mergePorts(out[j].TargetPorts, ports)
+				// By address too: two pods never share one, so an address
+				// already seen is that endpoint, whatever its targetRef.
+				key, byAddr := workloadOf(svc.Namespace, e), workloadKey{addr: addr}
+				j, dup := seen[byAddr]
+				if !dup && key.pod != "" {
+					j, dup = seen[key]
+				}
+				if dup {
+					seen[byAddr] = j
+					o := &out[j]
+					o.TargetPorts = mergePorts(o.TargetPorts, ports)
+					if addr != o.Address && !slices.Contains(o.AdditionalAddresses, addr) {
+						o.AdditionalAddresses = append(o.AdditionalAddresses, addr)
+						dual = true
+					}
 					continue
 				}
-				seen[addr] = len(out)
+				seen[byAddr] = len(out)
+				if key.pod != "" {
+					seen[key] = len(out)
+				}
 			}
-			out = append(out, c.endpoint(svc.Namespace, addr, ports, e, objs))
+			ep := c.endpoint(svc.Namespace, addr, ports, e, objs)
+			ep.Health = health
+			out = append(out, ep)
+		}
+	}
+	if dual {
+		primary := primaryFamily(svc)
+		for i := range out {
+			if len(out[i].AdditionalAddresses) > 0 {
+				choosePrimary(&out[i], primary)
+			}
 		}
 	}
 	// By address: the same endpoints give the same slice however the
 	// EndpointSlice controller spreads them, so State sees no change.
 	slices.SortFunc(out, func(a, b sdk.Endpoint) int { return strings.Compare(a.Address, b.Address) })
 	return out
+}
+
+// workloadKey identifies what slice endpoints stand for: a pod, by
+// namespace and name, or an address.
+type workloadKey struct{ namespace, pod, addr string }
+
+// workloadOf is the pod a slice endpoint's targetRef names; a key with no
+// pod, never stored, if it names none.
+func workloadOf(namespace string, e *discoveryv1.Endpoint) workloadKey {
+	if ref := e.TargetRef; ref != nil && ref.Kind == "Pod" && ref.Name != "" {
+		return workloadKey{namespace: cmp.Or(ref.Namespace, namespace), pod: ref.Name}
+	}
+	return workloadKey{}
+}
+
+// primaryFamily is the service's first IP family, IPv4 if it names none.
+func primaryFamily(svc *corev1.Service) corev1.IPFamily {
+	if len(svc.Spec.IPFamilies) > 0 {
+		return svc.Spec.IPFamilies[0]
+	}
+	return corev1.IPv4Protocol
+}
+
+// choosePrimary makes the endpoint's address one of the primary family,
+// if it has one, and sorts the others: whichever slice the pod was seen in
+// first, the endpoint comes out the same.
+func choosePrimary(ep *sdk.Endpoint, primary corev1.IPFamily) {
+	all := append([]string{ep.Address}, ep.AdditionalAddresses...)
+	slices.Sort(all)
+	i := slices.IndexFunc(all, func(a string) bool { return family(a) == primary })
+	if i < 0 {
+		i = 0
+	}
+	ep.Address = all[i]
+	ep.AdditionalAddresses = slices.Delete(all, i, i+1)
+}
+
+func family(addr string) corev1.IPFamily {
+	if ip, err := netip.ParseAddr(addr); err == nil && ip.Is6() && !ip.Is4In6() {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
+}
+
+// endpointHealth says whether an endpoint is sent, and with which health.
+// A ready endpoint is HEALTHY. One the EndpointSlice controller marks
+// serving and terminating (ready false: its pod is shutting down but still
+// passes readiness) is DRAINING: Envoy keeps its connections and requests
+// in flight but picks it for no new one, which is what the pod's grace
+// period is for. Any other not-ready endpoint, terminating or not, leaves,
+// unless the service publishes not-ready addresses: then it stays
+// HEALTHY, as before, or DRAINING if it is terminating and serving.
+//
+// Serving and terminating follow the API's conventions for unset
+// conditions: unset serving means the same as ready, unset terminating
+// means not terminating.
+func endpointHealth(e *discoveryv1.Endpoint, publishNotReady bool) (sdk.Health, bool) {
+	if isReady(e) {
+		return sdk.HealthHealthy, true
+	}
+	serving := e.Conditions.Serving != nil && *e.Conditions.Serving
+	terminating := e.Conditions.Terminating != nil && *e.Conditions.Terminating
+	if serving && terminating {
+		return sdk.HealthDraining, true
+	}
+	return sdk.HealthHealthy, publishNotReady
 }
 
 func isReady(e *discoveryv1.Endpoint) bool {

@@ -144,6 +144,7 @@ func (c *cluster) publishHealthLocked() {
 	for _, k := range slices.Sorted(maps.Keys(c.svcNotices)) {
 		capped.Add(c.svcNotices[k])
 	}
+	capped.Add(c.mcsNotice...)
 	h.Notices = capped.List()
 	if err := c.state.SetHealth(c.id, h); err != nil {
 		c.log.Error("set health", "error", err)

@@ -123,16 +123,17 @@ func sdkEndpoints(set *stream.EndpointSet) []sdk.Endpoint {
 	for i := range out {
 		e := &set.Endpoints[i]
 		out[i] = sdk.Endpoint{
-			Address:        e.Address,
-			TargetPorts:    e.TargetPorts,
-			Labels:         e.Labels,
-			Network:        e.Network,
-			Locality:       sdk.ParseLocality(e.Locality),
-			Weight:         e.Weight,
-			TLSMode:        e.TLSMode,
-			ServiceAccount: e.ServiceAccount,
-			Health:         e.Health,
-			WorkloadName:   e.WorkloadName,
+			Address:             e.Address,
+			AdditionalAddresses: e.AdditionalAddresses(),
+			TargetPorts:         e.TargetPorts,
+			Labels:              e.Labels,
+			Network:             e.Network,
+			Locality:            sdk.ParseLocality(e.Locality),
+			Weight:              e.Weight,
+			TLSMode:             e.TLSMode,
+			ServiceAccount:      e.ServiceAccount,
+			Health:              e.Health,
+			WorkloadName:        e.WorkloadName,
 		}
 	}
 	return out

@@ -66,10 +66,17 @@ func twoClusters(t *testing.T) (k1, k2 *testbed.Kube, ns string) {
 	t.Helper()
 	kubes := testbed.StartKubes(t, 2)
 	k1, k2 = kubes[0], kubes[1]
-	ctx := context.Background()
 	ns = fmt.Sprintf("demo-%d", time.Now().UnixNano()%100000)
 	kubeEcho(t, k1.Client(), ns, "10.96.1.1", "10.1.0.1")
 	kubeEcho(t, k2.Client(), ns, "10.96.2.2", "10.2.0.1")
+	remoteSecretFor(t, k1, k2)
+	return k1, k2, ns
+}
+
+// remoteSecretFor registers k2 with k1 as cluster2, as `istioctl x
+// create-remote-secret` does.
+func remoteSecretFor(t *testing.T, k1, k2 *testbed.Kube) {
+	t.Helper()
 	remote := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -86,6 +93,7 @@ users:
   user:
     token: %s
 `, k2.Server, base64.StdEncoding.EncodeToString(k2.CAData), k2.Token)
+	ctx := context.Background()
 	if _, err := k1.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +105,4 @@ users:
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-
-	return k1, k2, ns
 }

@@ -2119,8 +2119,16 @@ type Service struct {
 	// "annotation estuary.io/mtls-mode", so `estuary explain` can point an
 	// operator at it. Empty when mtls_mode is unset.
 	MtlsModeSource string `protobuf:"bytes,14,opt,name=mtls_mode_source,json=mtlsModeSource,proto3" json:"mtls_mode_source,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// cluster_local confines this instance's endpoints of the service to
+	// clients in the instance's cluster: a client that declares another
+	// CLUSTER_ID does not receive them. Other instances' endpoints of the
+	// same hostname are not affected. It is how a registry says a hostname
+	// means "this cluster only", as Kubernetes MCS does for cluster.local
+	// when only clusterset.local spans clusters (Istio's
+	// ENABLE_MCS_CLUSTER_LOCAL, meshConfig serviceSettings clusterLocal).
+	ClusterLocal  bool `protobuf:"varint,15,opt,name=cluster_local,json=clusterLocal,proto3" json:"cluster_local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -2249,6 +2257,13 @@ func (x *Service) GetMtlsModeSource() string {
 		return x.MtlsModeSource
 	}
 	return ""
+}
+
+func (x *Service) GetClusterLocal() bool {
+	if x != nil {
+		return x.ClusterLocal
+	}
+	return false
 }
 
 // Port is one port of a service.
@@ -2466,8 +2481,13 @@ type Endpoint struct {
 	NetworkRef        uint32 `protobuf:"varint,13,opt,name=network_ref,json=networkRef,proto3" json:"network_ref,omitempty"`
 	LocalityRef       uint32 `protobuf:"varint,14,opt,name=locality_ref,json=localityRef,proto3" json:"locality_ref,omitempty"`
 	ServiceAccountRef uint32 `protobuf:"varint,15,opt,name=service_account_ref,json=serviceAccountRef,proto3" json:"service_account_ref,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// additional_addresses are the workload's other IPs, for example the IPv6
+	// address of a dual-stack pod whose address is IPv4: one endpoint, one
+	// share of the load, reachable at any of its addresses (Envoy's
+	// Endpoint.additional_addresses). address decides the endpoint's network.
+	AdditionalAddresses []string `protobuf:"bytes,16,rep,name=additional_addresses,json=additionalAddresses,proto3" json:"additional_addresses,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2603,6 +2623,13 @@ func (x *Endpoint) GetServiceAccountRef() uint32 {
 		return x.ServiceAccountRef
 	}
 	return 0
+}
+
+func (x *Endpoint) GetAdditionalAddresses() []string {
+	if x != nil {
+		return x.AdditionalAddresses
+	}
+	return nil
 }
 
 // NetworkGateway is an east-west gateway that reaches a network's endpoints
@@ -2797,7 +2824,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\anotices\x18\x03 \x03(\v2\x1b.estuary.registry.v1.NoticeR\anotices\"<\n" +
 	"\x06Notice\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xf1\x05\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x96\x06\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2816,7 +2843,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\texport_to\x18\v \x03(\tR\bexportTo\x12*\n" +
 	"\x11subject_alt_names\x18\f \x03(\tR\x0fsubjectAltNames\x12:\n" +
 	"\tmtls_mode\x18\r \x01(\x0e2\x1d.estuary.registry.v1.MTLSModeR\bmtlsMode\x12(\n" +
-	"\x10mtls_mode_source\x18\x0e \x01(\tR\x0emtlsModeSource\x1a9\n" +
+	"\x10mtls_mode_source\x18\x0e \x01(\tR\x0emtlsModeSource\x12#\n" +
+	"\rcluster_local\x18\x0f \x01(\bR\fclusterLocal\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -2833,7 +2861,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xeb\x05\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x9e\x06\n" +
 	"\bEndpoint\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12Q\n" +
 	"\ftarget_ports\x18\x02 \x03(\v2..estuary.registry.v1.Endpoint.TargetPortsEntryR\vtargetPorts\x12A\n" +
@@ -2851,7 +2879,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\vnetwork_ref\x18\r \x01(\rR\n" +
 	"networkRef\x12!\n" +
 	"\flocality_ref\x18\x0e \x01(\rR\vlocalityRef\x12.\n" +
-	"\x13service_account_ref\x18\x0f \x01(\rR\x11serviceAccountRef\x1a>\n" +
+	"\x13service_account_ref\x18\x0f \x01(\rR\x11serviceAccountRef\x121\n" +
+	"\x14additional_addresses\x18\x10 \x03(\tR\x13additionalAddresses\x1a>\n" +
 	"\x10TargetPortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a9\n" +

@@ -1579,6 +1579,16 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.ClusterLocal {
+		i--
+		if m.ClusterLocal {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x78
+	}
 	if len(m.MtlsModeSource) > 0 {
 		i -= len(m.MtlsModeSource)
 		copy(dAtA[i:], m.MtlsModeSource)
@@ -1900,6 +1910,17 @@ func (m *Endpoint) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if len(m.AdditionalAddresses) > 0 {
+		for iNdEx := len(m.AdditionalAddresses) - 1; iNdEx >= 0; iNdEx-- {
+			i -= len(m.AdditionalAddresses[iNdEx])
+			copy(dAtA[i:], m.AdditionalAddresses[iNdEx])
+			i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.AdditionalAddresses[iNdEx])))
+			i--
+			dAtA[i] = 0x1
+			i--
+			dAtA[i] = 0x82
+		}
 	}
 	if m.ServiceAccountRef != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.ServiceAccountRef))
@@ -2770,6 +2791,9 @@ func (m *Service) SizeVT() (n int) {
 	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
+	if m.ClusterLocal {
+		n += 2
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -2902,6 +2926,12 @@ func (m *Endpoint) SizeVT() (n int) {
 	}
 	if m.ServiceAccountRef != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.ServiceAccountRef))
+	}
+	if len(m.AdditionalAddresses) > 0 {
+		for _, s := range m.AdditionalAddresses {
+			l = len(s)
+			n += 2 + l + protohelpers.SizeOfVarint(uint64(l))
+		}
 	}
 	n += len(m.unknownFields)
 	return n
@@ -6985,6 +7015,26 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 			}
 			m.MtlsModeSource = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 15:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field ClusterLocal", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.ClusterLocal = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -8019,6 +8069,38 @@ func (m *Endpoint) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 16:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field AdditionalAddresses", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.AdditionalAddresses = append(m.AdditionalAddresses, string(dAtA[iNdEx:postIndex]))
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

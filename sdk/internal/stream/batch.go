@@ -100,6 +100,10 @@ type Event struct {
 // and maps are shared with the other endpoints that carry the same values.
 type Endpoint struct {
 	Address string `json:"address"`
+	// Additional holds the workload's other IPs (dual stack), nil for the
+	// many endpoints that have none: a pointer costs every endpoint 8
+	// bytes where a slice would cost 24. Read it with AdditionalAddresses.
+	Additional *[]string `json:"additional_addresses,omitempty"`
 	// Labels is shared between endpoints with equal labels: never modify it.
 	Labels map[string]string `json:"labels,omitempty"`
 	// TargetPorts is shared like Labels: never modify it.
@@ -113,6 +117,14 @@ type Endpoint struct {
 	Weight         uint32      `json:"weight"`
 	TLSMode        sdk.TLSMode `json:"tls_mode"`
 	Health         sdk.Health  `json:"health"`
+}
+
+// AdditionalAddresses returns the endpoint's other IPs, or nil.
+func (e *Endpoint) AdditionalAddresses() []string {
+	if e.Additional == nil {
+		return nil
+	}
+	return *e.Additional
 }
 
 // TargetPort returns the port the endpoint serves service port p on.

@@ -253,6 +253,7 @@ func decodeService(p *registryv1.Service) *sdk.Service {
 		SubjectAltNames:   p.GetSubjectAltNames(),
 		MTLSMode:          sdk.MTLSMode(p.GetMtlsMode()),
 		MTLSModeSource:    p.GetMtlsModeSource(),
+		ClusterLocal:      p.GetClusterLocal(),
 	}
 	if ps := p.GetPorts(); len(ps) > 0 {
 		s.Ports = make([]sdk.Port, len(ps))

@@ -27,6 +27,9 @@ func decodeEndpoints(m *registryv1.EndpointsReplaced) (*EndpointSet, string) {
 	for i, p := range in {
 		e := &set.Endpoints[i]
 		e.Address = p.GetAddress()
+		if extra := p.GetAdditionalAddresses(); len(extra) > 0 {
+			e.Additional = &extra
+		}
 		switch n := p.GetLabelSet(); {
 		case n == 0:
 			e.Labels = labels.share(p.GetLabels())
