@@ -228,6 +228,9 @@ func merge(hostname string, instances []*replica.Instance) *Service {
 		if out.MeshExternal != svc.MeshExternal {
 			conflict("mesh_external", fmt.Sprintf("%v kept, %v ignored", out.MeshExternal, svc.MeshExternal))
 		}
+		if !slices.Equal(out.ExportTo, svc.ExportTo) {
+			conflict("export_to", fmt.Sprintf("%q kept, %q ignored", out.ExportTo, svc.ExportTo))
+		}
 		mergeAddrs(&out.VIPs, svc.VIPs)
 		mergeAddrs(&out.ExternalAddresses, svc.ExternalAddresses)
 		for c, ports := range svc.NodePorts {

@@ -5,6 +5,7 @@
 //	estuary validate -config plugins.hcl   check a file without starting anything
 //	estuary plugins [-config plugins.hcl]  list bundled and configured plugins
 //	estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST'
+//	estuary explain service HOST --node ID
 //	                                       why a node gets the endpoints it gets
 //	estuary plugin NAME                    (hidden) serve a bundled plugin
 package main
@@ -75,6 +76,7 @@ commands:
   proxy-config endpoints --node ID [--cluster NAME] [--admin ADDR]
                            show the endpoints a connected node receives
   explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR]
+  explain service HOST --node ID [--admin ADDR]
                            why a node gets those endpoints: network rules,
                            gateways, weights
                            (both take --admin-token-file, --admin-ca-file,
