@@ -73,7 +73,7 @@ func gatewayCluster(name string) *clusterv3.Cluster { return edsCluster(name) }
 // GatewayListener builds the router's SNI listener over every service
 // but those hidden from it, or nil when there is no service to route to
 // (Envoy refuses a listener without filter chains).
-func (g *Generator) GatewayListener(v model.View, hidden map[string]bool) *Resource {
+func (g *Generator) GatewayListener(v model.View, hidden func(host string) bool) *Resource {
 	if v.Kind != model.KindRouter {
 		return nil
 	}
@@ -87,7 +87,7 @@ func (g *Generator) GatewayListener(v model.View, hidden map[string]bool) *Resou
 		}},
 	}
 	for _, svc := range g.agg.Services() {
-		if svc.Resolution != sdk.ResolutionStatic || hidden[svc.Hostname] {
+		if svc.Resolution != sdk.ResolutionStatic || (hidden != nil && hidden(svc.Hostname)) {
 			continue
 		}
 		subsets := g.Subsets(svc.Hostname)

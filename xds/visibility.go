@@ -17,99 +17,103 @@ import (
 //
 // Resources stay built once per view, whatever the namespace: what a
 // namespace does not see is a filter over the view's resources, applied
-// when a watch is answered. A namespace's filter is the set of hostnames
-// not exported to it; namespaces that miss the same services share one
-// set (and one version suffix), so a thousand namespaces that see the
-// same services cost one set, not a thousand copies of the resources. In
-// the common case nothing is hidden and the filter costs one map lookup.
+// when a watch is answered. Only services not exported to every
+// namespace ("restricted") can be hidden; a namespace's filter is the set
+// of restricted services it does see, so it costs memory in proportion to
+// that, and namespaces that see the same ones share one set (and one
+// version suffix): a thousand namespaces that see the same services cost
+// one set, not a thousand copies of the resources. When no service is
+// restricted, the filter is one map lookup.
 //
 // When a service's attributes change (its exportTo among them) the sets
 // of the namespaces in use are computed again, and every resource of a
 // host whose visibility changed for some namespace is treated as changed,
 // so the watches that cover it are answered: the service appears or
-// disappears for exactly the namespaces whose set moved.
+// disappears for exactly the namespaces whose view of it moved.
 
-// visSet is what the namespaces that share it do not see.
+// visSet is what the namespaces that share it see of the restricted
+// services.
 type visSet struct {
-	hidden map[string]bool // hostnames; nil: every service is seen
-	// key is the sorted hidden hostnames, joined; suffix is a short
-	// hash of it that full-state versions carry, so a client whose set
-	// changed never matches the version of its old set.
+	seen map[string]bool // restricted hostnames the namespaces see
+	// key is the sorted seen hostnames, joined; suffix is a short hash
+	// of it and of the restricted set's generation, which full-state
+	// versions carry, so a client whose visibility changed never matches
+	// the version of what it saw before.
 	key, suffix string
 }
-
-// allVisible is the set of a namespace that sees every service.
-var allVisible = &visSet{}
 
 // maxNamespaces bounds the namespaces whose sets are kept between
 // registry changes; beyond it the cache starts over (sets are recomputed
 // on demand), so clients naming ever new namespaces cannot grow it.
 const maxNamespaces = 100_000
 
-// visibility holds the per-namespace sets; guarded by Cache.mu.
+// visibilityCache holds the per-namespace sets; guarded by Cache.mu.
 type visibilityCache struct {
 	rules *visibility.Rules
 	// restricted are the services not exported to every namespace, the
-	// only ones a set can hide; nil until computed after a change.
+	// only ones a namespace may not see, and hosts their names; valid
+	// while fresh. gen counts changes of hosts.
 	restricted []*aggregate.Service
+	hosts      map[string]bool
 	fresh      bool
+	gen        uint64
 	byNS       map[string]*visSet
 	byKey      map[string]*visSet
 }
 
-func (vc *visibilityCache) restrictedLocked(agg *aggregate.Registry) []*aggregate.Service {
+func (vc *visibilityCache) refreshRestricted(agg *aggregate.Registry) {
 	if vc.fresh {
-		return vc.restricted
+		return
 	}
 	vc.restricted = vc.restricted[:0]
+	hosts := map[string]bool{}
 	for _, svc := range agg.Services() {
 		if !vc.rules.Exported(svc) {
 			vc.restricted = append(vc.restricted, svc)
+			hosts[svc.Hostname] = true
 		}
 	}
-	vc.fresh = true
-	return vc.restricted
+	if !maps.Equal(hosts, vc.hosts) {
+		vc.gen++
+	}
+	vc.hosts, vc.fresh = hosts, true
 }
 
-// setLocked returns namespace ns's set, computing it on first use.
+// hidden reports whether namespaces of s miss host.
+func (vc *visibilityCache) hidden(s *visSet, host string) bool {
+	return vc.hosts[host] && !s.seen[host]
+}
+
+// visSetLocked returns namespace ns's set, computing it on first use.
 func (c *Cache) visSetLocked(ns string) *visSet {
 	vc := &c.vis
 	if s, ok := vc.byNS[ns]; ok {
 		return s
 	}
-	s := c.computeVisSetLocked(ns)
+	vc.refreshRestricted(c.gen.agg)
 	if vc.byNS == nil || len(vc.byNS) >= maxNamespaces {
 		vc.byNS, vc.byKey = map[string]*visSet{}, map[string]*visSet{}
 	}
-	vc.byNS[ns] = s
-	return s
-}
-
-func (c *Cache) computeVisSetLocked(ns string) *visSet {
-	vc := &c.vis
-	var hidden []string
-	for _, svc := range vc.restrictedLocked(c.gen.agg) {
-		if !vc.rules.Visible(svc, ns) {
-			hidden = append(hidden, svc.Hostname)
+	var seen []string
+	for _, svc := range vc.restricted {
+		if vc.rules.Visible(svc, ns) {
+			seen = append(seen, svc.Hostname)
 		}
 	}
-	if len(hidden) == 0 {
-		return allVisible
+	slices.Sort(seen)
+	key := strings.Join(seen, "\x00")
+	s, ok := vc.byKey[key]
+	if !ok {
+		s = &visSet{key: key, seen: make(map[string]bool, len(seen))}
+		for _, h := range seen {
+			s.seen[h] = true
+		}
+		if len(vc.hosts) > 0 {
+			s.suffix = "." + strconv.FormatUint(vc.gen, 36) + "." + strconv.FormatUint(maphash.String(hashSeed, key), 36)
+		}
+		vc.byKey[key] = s
 	}
-	slices.Sort(hidden)
-	key := strings.Join(hidden, "\x00")
-	if s, ok := vc.byKey[key]; ok {
-		return s
-	}
-	s := &visSet{hidden: make(map[string]bool, len(hidden)), key: key,
-		suffix: "." + strconv.FormatUint(maphash.String(hashSeed, key), 36)}
-	for _, h := range hidden {
-		s.hidden[h] = true
-	}
-	if vc.byKey == nil {
-		vc.byKey = map[string]*visSet{}
-	}
-	vc.byKey[key] = s
+	vc.byNS[ns] = s
 	return s
 }
 
@@ -118,22 +122,26 @@ func (c *Cache) computeVisSetLocked(ns string) *visSet {
 // visibility changed for any of them.
 func (c *Cache) refreshVisibilityLocked() map[string]bool {
 	vc := &c.vis
+	oldHosts, old := vc.hosts, vc.byNS
 	vc.fresh = false
-	old := vc.byNS
 	vc.byNS, vc.byKey = map[string]*visSet{}, map[string]*visSet{}
+	vc.refreshRestricted(c.gen.agg)
+	// A host that became restricted, or stopped being, may have moved for
+	// namespaces whose sets were never asked for while nothing was
+	// restricted (the filter is skipped then): its watches are answered,
+	// and each decides by what it holds.
 	moved := map[string]bool{}
-	for _, ns := range slices.Sorted(maps.Keys(old)) {
-		was, now := old[ns], c.visSetLocked(ns)
-		if was.key == now.key {
-			continue
+	candidates := maps.Clone(vc.hosts)
+	maps.Copy(candidates, oldHosts)
+	for h := range candidates {
+		if oldHosts[h] != vc.hosts[h] {
+			moved[h] = true
 		}
-		for h := range was.hidden {
-			if !now.hidden[h] {
-				moved[h] = true
-			}
-		}
-		for h := range now.hidden {
-			if !was.hidden[h] {
+	}
+	for ns, was := range old {
+		now := c.visSetLocked(ns)
+		for h := range candidates {
+			if !moved[h] && (oldHosts[h] && !was.seen[h]) != vc.hidden(now, h) {
 				moved[h] = true
 			}
 		}
@@ -149,14 +157,14 @@ func (c *Cache) visibleLocked(w *watch, name string) *Resource {
 	if r == nil {
 		return nil
 	}
-	s := c.visSetLocked(w.ns)
-	if s.hidden == nil {
-		return r
+	if len(c.vis.hosts) == 0 && c.vis.fresh {
+		return r // no service is restricted
 	}
+	s := c.visSetLocked(w.ns)
 	if w.t == tListener && name == GatewayListenerName && w.vs.view.Kind == model.KindRouter {
 		return c.gatewayForLocked(w.vs, s)
 	}
-	if s.hidden[r.host] {
+	if c.vis.hidden(s, r.host) {
 		return nil
 	}
 	return r
@@ -165,14 +173,14 @@ func (c *Cache) visibleLocked(w *watch, name string) *Resource {
 // gatewayForLocked is the router's SNI listener without the chains of the
 // services hidden from s, built once per view and set.
 func (c *Cache) gatewayForLocked(vs *viewState, s *visSet) *Resource {
-	if r, ok := vs.gateways[s.key]; ok {
+	if r, ok := vs.gateways[s.suffix]; ok {
 		return r
 	}
-	r := c.gen.GatewayListener(vs.view, s.hidden)
+	r := c.gen.GatewayListener(vs.view, func(host string) bool { return c.vis.hidden(s, host) })
 	if vs.gateways == nil {
 		vs.gateways = map[string]*Resource{}
 	}
-	vs.gateways[s.key] = r
+	vs.gateways[s.suffix] = r
 	return r
 }
 
@@ -235,7 +243,7 @@ func (c *Cache) clustersFor(v model.View, ns, host string) []string {
 		vs = c.newViewLocked(v) // not kept: see Resources
 	}
 	out := []string{}
-	if c.visSetLocked(ns).hidden[host] {
+	if c.vis.hidden(c.visSetLocked(ns), host) {
 		return out
 	}
 	out = append(out, vs.hostNames[tCluster][host]...)
