@@ -23,9 +23,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/visibility"
+	"github.com/estuary-mesh/estuary/testbed"
 )
 
 // seEntry is a ServiceEntry of one STATIC endpoint, in namespace ns,
@@ -129,6 +131,24 @@ func (w *adsWatcher) next(typeURL string, names []string) []string {
 	}
 }
 
+// until takes pushes of typeURL until one's names satisfy ok, and
+// returns those names; it fails after a minute. An unrelated push on the
+// way (a busy machine reorders nothing, but registries may push twice) is
+// skipped.
+func (w *adsWatcher) until(typeURL string, names []string, what string, ok func([]string) bool) []string {
+	w.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := w.next(typeURL, names)
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%s: last %s push %v", what, typeURL, got)
+		}
+	}
+}
+
 func namespacedNode(kind, ns string, md map[string]any) *corev3.Node {
 	m, _ := structpb.NewStruct(md)
 	return &corev3.Node{Id: fmt.Sprintf("%s~127.0.0.1~client.%s~%s.svc.cluster.local", kind, ns, ns), Metadata: m}
@@ -203,16 +223,16 @@ func TestExportToPerNamespace(t *testing.T) {
 
 	// The edit reaches the connected client of a as a push.
 	write("onlyb.yaml", seEntry("onlyb", "a", onlyB, "b", "a"))
-	if got, want := hostsOf(envoy.next(resourcev3.ClusterType, nil)), []string{all, onlyB, own}; !slices.Equal(got, want) {
-		t.Fatalf("after exporting %s to a, a's clusters are of %v, want %v", onlyB, got, want)
-	}
-	if got := envoy.next(resourcev3.EndpointType, []string{hidden, model.ClusterName(8080, "", own)}); !slices.Contains(got, hidden) {
-		t.Fatalf("after exporting %s to a, a's EDS push holds %v, want %s", onlyB, got, hidden)
-	}
+	envoy.until(resourcev3.ClusterType, nil, "a's CDS after exporting onlyb to a", func(got []string) bool {
+		return slices.Equal(hostsOf(got), []string{all, onlyB, own})
+	})
+	envoy.until(resourcev3.EndpointType, []string{hidden, model.ClusterName(8080, "", own)}, "a's EDS after exporting onlyb to a", func(got []string) bool {
+		return slices.Contains(got, hidden)
+	})
 	write("onlyb.yaml", seEntry("onlyb", "a", onlyB, "b"))
-	if got, want := hostsOf(envoy.next(resourcev3.ClusterType, nil)), []string{all, own}; !slices.Equal(got, want) {
-		t.Fatalf("after exporting %s to b only again, a's clusters are of %v, want %v", onlyB, got, want)
-	}
+	envoy.until(resourcev3.ClusterType, nil, "a's CDS after exporting onlyb to b only again", func(got []string) bool {
+		return slices.Equal(hostsOf(got), []string{all, own})
+	})
 
 	// explain service says the same, and why.
 	var ex visibility.Explanation
@@ -322,4 +342,54 @@ func resourceName(t *testing.T, typeURL string, b []byte) string {
 		t.Fatal(err)
 	}
 	return m.GetName()
+}
+
+// TestKubernetesExportToAnnotationIsPushed: a real API server's Service
+// in namespace ns, annotated networking.istio.io/exportTo=".": a
+// connected client in ns gets it, one in another namespace does not;
+// editing the annotation to "other" swaps them, by push, on the streams
+// already open.
+func TestKubernetesExportToAnnotationIsPushed(t *testing.T) {
+	k := testbed.StartKube(t)
+	ns := fmt.Sprintf("vis-%d", time.Now().UnixNano()%100000)
+	kubeEcho(t, k.Client(), ns, "10.96.7.7", "10.7.0.1")
+	annotate := func(v string) {
+		t.Helper()
+		ctx := context.Background()
+		svc, err := k.Client().CoreV1().Services(ns).Get(ctx, "echo", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Annotations = map[string]string{"networking.istio.io/exportTo": v}
+		if _, err := k.Client().CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	annotate(".")
+	h := startHost(t, fmt.Sprintf("plugin \"kubernetes\" {\n  config {\n    kubeconfig = %q\n    cluster_id = \"cluster1\"\n  }\n}\n", k.Kubeconfig))
+	echo := "echo." + ns + ".svc.cluster.local"
+	h.eventually("echo in the registry", 60*time.Second, func() bool {
+		code, _ := h.get("/debug/endpointz?host=" + echo)
+		return code == 200
+	})
+	own := watchADS(t, h.xds, namespacedNode("sidecar", ns, map[string]any{"CLUSTER_ID": "cluster1"}))
+	other := watchADS(t, h.xds, namespacedNode("sidecar", "other", map[string]any{"CLUSTER_ID": "cluster1"}))
+	own.ask(resourcev3.ClusterType, nil, nil)
+	other.ask(resourcev3.ClusterType, nil, nil)
+	hasEcho := func(w *adsWatcher) bool { return slices.Contains(hostsOf(w.next(resourcev3.ClusterType, nil)), echo) }
+	if !hasEcho(own) {
+		t.Fatalf("a client in %s lacks %s, exported to \".\"", ns, echo)
+	}
+	if hasEcho(other) {
+		t.Fatalf("a client in namespace other gets %s, exported to \".\" of %s", echo, ns)
+	}
+	annotate("other")
+	with := func(got []string) bool { return slices.Contains(hostsOf(got), echo) }
+	other.until(resourcev3.ClusterType, nil, "namespace other's CDS once exported to it", with)
+	own.until(resourcev3.ClusterType, nil, ns+"'s CDS once no longer exported to it", func(got []string) bool { return !with(got) })
+	var ex visibility.Explanation
+	h.getJSON("/debug/visibilityz?host="+echo+"&node="+own.node.GetId(), &ex)
+	if ex.Visible || ex.Source != visibility.SourceAnnotation || !slices.Equal(ex.ExportTo, []string{"other"}) || ex.Instances[0].Cluster != "cluster1" {
+		t.Errorf("visibilityz: %+v", ex)
+	}
 }
