@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -37,22 +36,7 @@ func explainService(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: estuary explain service HOST --node ID [--admin ADDR] [--json]")
 		return 2
 	}
-	body, err := admin.get("/debug/visibilityz", url.Values{"host": {host}, "node": {*node}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if *asJSON {
-		os.Stdout.Write(body)
-		return 0
-	}
-	var ex visibility.Explanation
-	if err := json.Unmarshal(body, &ex); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	printServiceExplanation(os.Stdout, &ex)
-	return 0
+	return show(admin, "/debug/visibilityz", url.Values{"host": {host}, "node": {*node}}, *asJSON, printServiceExplanation)
 }
 
 func printServiceExplanation(w io.Writer, ex *visibility.Explanation) {
