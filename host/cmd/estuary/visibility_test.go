@@ -393,3 +393,38 @@ func TestKubernetesExportToAnnotationIsPushed(t *testing.T) {
 		t.Errorf("visibilityz: %+v", ex)
 	}
 }
+
+// TestProxylessGRPCCallsOnlyWhatIsExported: grpc-go's own xDS client in
+// namespace a calls a service of a exported to ".", and one of c
+// exported to "*", through estuary; a service of b exported to "." does
+// not resolve for it (no listener), while a client in b calls it.
+func TestProxylessGRPCCallsOnlyWhatIsExported(t *testing.T) {
+	mine, all, theirs := startBackend(t, "mine"), startBackend(t, "all"), startBackend(t, "theirs")
+	svc := func(host, ns, export string, be *backend) string {
+		return fmt.Sprintf(`    service %q {
+      namespace = %q
+      export_to = [%q]
+      port "grpc" {
+        number   = 8080
+        protocol = "GRPC"
+      }
+      endpoint {
+        address = "127.0.0.1"
+        ports   = { grpc = %d }
+      }
+    }
+`, host, ns, export, be.port)
+	}
+	h := startHost(t, "plugin \"static\" {\n  config {\n    cluster = \"cluster1\"\n    network = \"network1\"\n"+
+		svc("mine.a.svc.cluster.local", "a", ".", mine)+svc("all.c.svc.cluster.local", "c", "*", all)+
+		svc("theirs.b.svc.cluster.local", "b", ".", theirs)+"  }\n}\n")
+	inA := "sidecar~127.0.0.1~client.a~a.svc.cluster.local"
+	waitServedBy(t, xdsClient(t, h.xds, inA, "mine.a.svc.cluster.local:8080"), "mine")
+	waitServedBy(t, xdsClient(t, h.xds, inA, "all.c.svc.cluster.local:8080"), "all")
+	waitServedBy(t, xdsClient(t, h.xds, "sidecar~127.0.0.1~client.b~b.svc.cluster.local", "theirs.b.svc.cluster.local:8080"), "theirs")
+	_, err := call(context.Background(), xdsClient(t, h.xds, inA, "theirs.b.svc.cluster.local:8080"))
+	if err == nil {
+		t.Fatal("a client in namespace a called theirs.b, exported only to b")
+	}
+	t.Logf("a's call to theirs.b: %v", err)
+}
