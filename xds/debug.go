@@ -65,7 +65,7 @@ func (s *Server) DebugHandlers() map[string]http.Handler {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			writeJSON(w, rows)
+			writeJSON(w, s.visibleRows(node, rows))
 		}),
 	}
 }

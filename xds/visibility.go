@@ -217,16 +217,7 @@ func (vs *viewState) visibilityChangedLocked(moved map[string]bool) (changed [nu
 // host the server holds for it, after visibility: what explain compares
 // its decision with.
 func (s *Server) NodeClusters(nodeID, host string) (string, []string, bool) {
-	s.nodesMu.Lock()
-	var v model.View
-	ns, ok := "", false
-	for _, si := range s.streams {
-		if si.parsed && si.Node == nodeID {
-			v, ns, ok = si.view, si.Namespace, true
-			break
-		}
-	}
-	s.nodesMu.Unlock()
+	v, ns, ok := s.nodeOf(nodeID)
 	if !ok {
 		return "", nil, false
 	}
@@ -249,4 +240,30 @@ func (c *Cache) clustersFor(v model.View, ns, host string) []string {
 	out = append(out, vs.hostNames[tCluster][host]...)
 	slices.Sort(out)
 	return out
+}
+
+// visibleRows keeps the endpoint rows of the clusters a connected node
+// sees: its view holds every service's, its namespace only some.
+func (s *Server) visibleRows(nodeID string, rows []model.EndpointRow) []model.EndpointRow {
+	_, ns, _ := s.nodeOf(nodeID)
+	c := s.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	set := c.visSetLocked(ns)
+	return slices.DeleteFunc(rows, func(r model.EndpointRow) bool {
+		_, _, host, _ := parseAnyClusterName(r.Cluster)
+		return c.vis.hidden(set, host)
+	})
+}
+
+// nodeOf returns the view and namespace of a connected node.
+func (s *Server) nodeOf(nodeID string) (model.View, string, bool) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	for _, si := range s.streams {
+		if si.parsed && si.Node == nodeID {
+			return si.view, si.Namespace, true
+		}
+	}
+	return model.View{}, "", false
 }

@@ -234,6 +234,18 @@ func TestExportToPerNamespace(t *testing.T) {
 		return slices.Equal(hostsOf(got), []string{all, own})
 	})
 
+	// proxy-config shows what the node gets: no endpoint of onlyb.
+	var rows []model.EndpointRow
+	h.getJSON("/debug/proxyendpointz?node="+envoy.node.GetId(), &rows)
+	for _, r := range rows {
+		if r.Cluster == hidden {
+			t.Errorf("proxy-config endpoints of a's node lists %s, which it does not see", hidden)
+		}
+	}
+	if len(rows) == 0 {
+		t.Errorf("proxy-config endpoints of a's node lists nothing; want %s's", own)
+	}
+
 	// explain service says the same, and why.
 	var ex visibility.Explanation
 	h.getJSON("/debug/visibilityz?host="+onlyB+"&node="+envoy.node.GetId(), &ex)
