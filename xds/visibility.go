@@ -59,6 +59,10 @@ type visibilityCache struct {
 	gen        uint64
 	byNS       map[string]*visSet
 	byKey      map[string]*visSet
+	// last is the set of namespace lastNS: answering a watch looks it up
+	// once per resource, always for the same namespace.
+	lastNS string
+	last   *visSet
 }
 
 func (vc *visibilityCache) refreshRestricted(agg *aggregate.Registry) {
@@ -87,13 +91,18 @@ func (vc *visibilityCache) hidden(s *visSet, host string) bool {
 // visSetLocked returns namespace ns's set, computing it on first use.
 func (c *Cache) visSetLocked(ns string) *visSet {
 	vc := &c.vis
+	if vc.last != nil && vc.lastNS == ns {
+		return vc.last
+	}
 	if s, ok := vc.byNS[ns]; ok {
+		vc.lastNS, vc.last = ns, s
 		return s
 	}
 	vc.refreshRestricted(c.gen.agg)
 	if vc.byNS == nil || len(vc.byNS) >= maxNamespaces {
 		vc.byNS, vc.byKey = map[string]*visSet{}, map[string]*visSet{}
 	}
+	vc.last = nil
 	var seen []string
 	for _, svc := range vc.restricted {
 		if vc.rules.Visible(svc, ns) {
@@ -114,6 +123,7 @@ func (c *Cache) visSetLocked(ns string) *visSet {
 		vc.byKey[key] = s
 	}
 	vc.byNS[ns] = s
+	vc.lastNS, vc.last = ns, s
 	return s
 }
 
@@ -123,7 +133,7 @@ func (c *Cache) visSetLocked(ns string) *visSet {
 func (c *Cache) refreshVisibilityLocked() map[string]bool {
 	vc := &c.vis
 	oldHosts, old := vc.hosts, vc.byNS
-	vc.fresh = false
+	vc.fresh, vc.last = false, nil
 	vc.byNS, vc.byKey = map[string]*visSet{}, map[string]*visSet{}
 	vc.refreshRestricted(c.gen.agg)
 	// A host that became restricted, or stopped being, may have moved for
@@ -138,8 +148,12 @@ func (c *Cache) refreshVisibilityLocked() map[string]bool {
 			moved[h] = true
 		}
 	}
+	sameHosts := maps.Equal(oldHosts, vc.hosts)
 	for ns, was := range old {
 		now := c.visSetLocked(ns)
+		if sameHosts && now.key == was.key {
+			continue // sees the same restricted services as before
+		}
 		for h := range candidates {
 			if !moved[h] && (oldHosts[h] && !was.seen[h]) != vc.hidden(now, h) {
 				moved[h] = true

@@ -129,11 +129,10 @@ func sourceOf(svc *aggregate.Service) string {
 }
 
 // Visible reports whether a client in namespace ns sees svc. It is the
-// hot path of Decide: no allocation.
+// xDS server's hot path: no allocation.
 func (r *Rules) Visible(svc *aggregate.Service, ns string) bool {
 	list, _ := r.exportTo(svc)
-	ok, _ := visible(list, svc.Namespace, ns)
-	return ok
+	return match(list, svc.Namespace, ns) <= byName
 }
 
 // Exported reports whether svc is exported to every namespace, so that
@@ -146,34 +145,62 @@ func (r *Rules) Exported(svc *aggregate.Service) bool {
 // Decide says whether a client in namespace ns sees svc, and why.
 func (r *Rules) Decide(svc *aggregate.Service, ns string) Decision {
 	list, src := r.exportTo(svc)
-	ok, why := visible(list, svc.Namespace, ns)
+	m := match(list, svc.Namespace, ns)
 	return Decision{Hostname: svc.Hostname, Namespace: ns, ServiceNamespace: svc.Namespace,
-		Visible: ok, ExportTo: slices.Clone(list), Source: src, Reason: why}
+		Visible: m <= byName, ExportTo: slices.Clone(list), Source: src, Reason: m.reason(svc.Namespace, ns)}
 }
 
-// visible applies an exportTo list of a service in svcNS to a client in
+// rule is the rule that decided: the first three make a service visible.
+type rule uint8
+
+const (
+	byPublic rule = iota
+	byPrivate
+	byName
+	byNone
+	noNamespace
+	notListed
+)
+
+func (m rule) reason(svcNS, ns string) string {
+	switch m {
+	case byPublic:
+		return `"*" exports it to every namespace`
+	case byPrivate:
+		return fmt.Sprintf(`"." exports it to its own namespace %q`, svcNS)
+	case byName:
+		return fmt.Sprintf("it is exported to namespace %q by name", ns)
+	case byNone:
+		return `"~" exports it to no namespace`
+	case noNamespace:
+		return "the node names no namespace, so it sees only services exported to \"*\""
+	}
+	return fmt.Sprintf("namespace %q is not in its exportTo", ns)
+}
+
+// match applies an exportTo list of a service in svcNS to a client in
 // ns. As in Istio, a service exported only to other namespaces is not
 // seen in its own, and a client whose namespace is unknown sees only what
 // is exported to all.
-func visible(list []string, svcNS, ns string) (bool, string) {
+func match(list []string, svcNS, ns string) rule {
 	for _, e := range list {
 		switch {
 		case e == Public:
-			return true, `"*" exports it to every namespace`
+			return byPublic
 		case ns == "":
 		case e == Private && ns == svcNS:
-			return true, fmt.Sprintf(`"." exports it to its own namespace %q`, svcNS)
+			return byPrivate
 		case e == ns:
-			return true, fmt.Sprintf("it is exported to namespace %q by name", ns)
+			return byName
 		}
 	}
 	switch {
 	case slices.Contains(list, None):
-		return false, `"~" exports it to no namespace`
+		return byNone
 	case ns == "":
-		return false, "the node names no namespace, so it sees only services exported to \"*\""
+		return noNamespace
 	}
-	return false, fmt.Sprintf("namespace %q is not in its exportTo", ns)
+	return notListed
 }
 
 // Nodes is what the debug handler needs from the xDS server: a connected
