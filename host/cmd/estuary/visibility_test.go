@@ -321,6 +321,15 @@ plugin "static" {
 			t.Errorf("namespace %s's clusters are of %v, want %v", ns, got, want)
 		}
 	}
+	var cz struct {
+		Mesh struct {
+			ExportTo []string `json:"default_service_export_to"`
+		} `json:"mesh"`
+	}
+	h.getJSON("/debug/configz", &cz)
+	if !slices.Equal(cz.Mesh.ExportTo, []string{"."}) {
+		t.Errorf("configz mesh.default_service_export_to = %q, want [.]", cz.Mesh.ExportTo)
+	}
 	var ex visibility.Explanation
 	h.getJSON("/debug/visibilityz?host=quiet.x.svc.cluster.local&namespace=y", &ex)
 	if ex.Visible || ex.Source != visibility.SourceMeshDefault || !slices.Equal(ex.ExportTo, []string{"."}) {
