@@ -104,7 +104,7 @@ func nodeNamespace(n *corev3.Node) (string, error) {
 	if i := strings.LastIndexByte(parts[2], '.'); i >= 0 && parts[2][i+1:] != ns {
 		return "", fmt.Errorf("node id %q names two namespaces, %q and %q", n.GetId(), parts[2][i+1:], ns)
 	}
-	if md := n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue(); md != "" && md != ns {
+	if md := n.GetMetadata().GetFields()[metaNamespace].GetStringValue(); md != "" && md != ns {
 		return "", fmt.Errorf("node id %q names namespace %q but its NAMESPACE metadata says %q", n.GetId(), ns, md)
 	}
 	return ns, nil

@@ -57,6 +57,8 @@ type Cache struct {
 
 	mu    sync.Mutex
 	views map[model.View]*viewState
+	// vis is what each client namespace does not see: visibility.go.
+	vis visibilityCache
 	// maxViews caps the views streams hold (AcquireView); maxNames caps
 	// the resource names of a watch. Zero: no cap.
 	maxViews, maxNames int
@@ -84,7 +86,8 @@ var _ cache.Cache = (*Cache)(nil)
 
 // NewCache returns a cache that builds resources with gen.
 func NewCache(gen *Generator) *Cache {
-	return &Cache{gen: gen, views: map[model.View]*viewState{}, nonce: strconv.FormatUint(rand.Uint64(), 36)}
+	return &Cache{gen: gen, views: map[model.View]*viewState{}, nonce: strconv.FormatUint(rand.Uint64(), 36),
+		vis: visibilityCache{rules: &gen.vis}}
 }
 
 // viewState is everything one view receives.
@@ -106,6 +109,9 @@ type viewState struct {
 	names         [numTypes][]string
 	setVersion    [numTypes]uint64
 	versionPrefix string
+	// gateways holds a router view's SNI listener per visibility set
+	// (visSet.key) that hides something: visibility.go.
+	gateways map[string]*Resource
 }
 
 // touched records that type t's resources changed.
@@ -214,6 +220,7 @@ func (vs *viewState) replaceHost(t typ, host string, built []*Resource) []string
 	old := vs.hostNames[t][host]
 	names := make([]string, 0, len(built))
 	for _, r := range built {
+		r.host = host // what visibility filters on
 		names = append(names, r.Name)
 		if prev, ok := vs.res[t][r.Name]; !ok || prev.Version() != r.Version() {
 			changed = append(changed, r.Name)
@@ -304,6 +311,8 @@ type watch struct {
 	deltaCh  chan cache.DeltaResponse
 	names    []string
 	wildcard bool
+	// ns is the client's namespace, which decides what it sees.
+	ns string
 	// cancelled is set once the server closes the watch; retrying is set
 	// while a retry of a full channel is scheduled, backoff is its delay.
 	// All three are guarded by Cache.mu.
@@ -321,7 +330,7 @@ func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan 
 		return nil, err
 	}
 	node := ParseNode(req.GetNode())
-	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
+	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
 	return c.open(node.View(), w), nil
 }
 
@@ -337,7 +346,7 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 		return nil, err
 	}
 	node := ParseNode(req.GetNode())
-	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources()))}
+	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
 	return c.open(node.View(), w), nil
 }
 
@@ -413,7 +422,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 	}
 	var send []*Resource
 	if w.sotwCh != nil && fullState[w.t] && w.wildcard && w.sotwReq.GetErrorDetail() == nil &&
-		w.sotwReq.GetVersionInfo() == vs.fullVersion(w.t) {
+		w.sotwReq.GetVersionInfo() == c.fullVersionFor(w) {
 		return false // the client acknowledged the current set
 	}
 	returned := w.sub.ReturnedResources()
@@ -422,7 +431,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 		changed := false
 		present := 0
 		for _, n := range names {
-			r := c.resourceLocked(vs, w.t, n)
+			r := c.visibleLocked(w, n)
 			if r == nil {
 				continue
 			}
@@ -433,7 +442,7 @@ func (c *Cache) respondLocked(w *watch) bool {
 			}
 		}
 		for n := range returned {
-			if c.resourceLocked(vs, w.t, n) == nil || (!w.wildcard && !slices.Contains(w.names, n)) {
+			if c.visibleLocked(w, n) == nil || (!w.wildcard && !slices.Contains(w.names, n)) {
 				changed = true
 			}
 		}
@@ -446,19 +455,19 @@ func (c *Cache) respondLocked(w *watch) bool {
 		}
 		version := ""
 		if w.wildcard {
-			version = vs.fullVersion(w.t)
+			version = c.fullVersionFor(w)
 		}
 		return c.sendSotW(w, send, next, version)
 	}
 	for _, n := range names {
-		if r := c.resourceLocked(vs, w.t, n); r != nil && returned[n] != r.Version() {
+		if r := c.visibleLocked(w, n); r != nil && returned[n] != r.Version() {
 			send = append(send, r)
 		}
 	}
 	var removed []string
 	if w.deltaCh != nil {
 		for n := range returned {
-			if c.resourceLocked(vs, w.t, n) == nil {
+			if c.visibleLocked(w, n) == nil {
 				removed = append(removed, n)
 			}
 		}
@@ -623,11 +632,18 @@ func (c *Cache) Push(change model.Change) PushStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var st PushStats
+	// A change of services may change what namespaces see (exportTo).
+	var moved map[string]bool
+	if change.Full || attrsChanged(change) {
+		moved = c.refreshVisibilityLocked()
+	}
 	for _, vs := range c.views {
-		var changed [numTypes][]string
+		changed := vs.visibilityChangedLocked(moved)
 		rebuilt := change.Full // some host's clusters were rebuilt
 		if change.Full {
-			changed = c.rebuildAllLocked(vs)
+			for t, names := range c.rebuildAllLocked(vs) {
+				changed[t] = append(changed[t], names...)
+			}
 		} else {
 			for _, host := range slices.Sorted(maps.Keys(change.Services)) {
 				attrs := change.Services[host]
@@ -660,6 +676,17 @@ func (c *Cache) Push(change model.Change) PushStats {
 		}
 	}
 	return st
+}
+
+// attrsChanged reports whether a change touched any service's attributes,
+// beyond its endpoints.
+func attrsChanged(change model.Change) bool {
+	for _, attrs := range change.Services {
+		if attrs {
+			return true
+		}
+	}
+	return false
 }
 
 // PushStats counts what a push changed and how many watches it answered,

@@ -134,7 +134,7 @@ func (s *Server) DebugHandlers() map[string]http.Handler {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
 			}
-			writeJSON(w, rows)
+			writeJSON(w, s.visibleRows(node, rows))
 		}),
 		// /debug/proxyclusterz?node=ID[&cluster=NAME]: the TLS of the
 		// clusters a connected node receives, and why.

@@ -70,10 +70,10 @@ func (g *Generator) gatewayClusters(svc *aggregate.Service) []*Resource {
 
 func gatewayCluster(name string) *clusterv3.Cluster { return edsCluster(name) }
 
-// GatewayListener builds the router's SNI listener over every service, or
-// nil when there is no service to route to (Envoy refuses a listener
-// without filter chains).
-func (g *Generator) GatewayListener(v model.View) *Resource {
+// GatewayListener builds the router's SNI listener over every service
+// but those hidden from it, or nil when there is no service to route to
+// (Envoy refuses a listener without filter chains).
+func (g *Generator) GatewayListener(v model.View, hidden func(host string) bool) *Resource {
 	if v.Kind != model.KindRouter {
 		return nil
 	}
@@ -87,7 +87,7 @@ func (g *Generator) GatewayListener(v model.View) *Resource {
 		}},
 	}
 	for _, svc := range g.agg.Services() {
-		if svc.Resolution != sdk.ResolutionStatic {
+		if svc.Resolution != sdk.ResolutionStatic || (hidden != nil && hidden(svc.Hostname)) {
 			continue
 		}
 		subsets := g.Subsets(svc.Hostname)
@@ -121,7 +121,8 @@ func (c *Cache) buildGatewayLocked(vs *viewState) []string {
 	if vs.view.Kind != model.KindRouter {
 		return nil
 	}
-	r := c.gen.GatewayListener(vs.view)
+	r := c.gen.GatewayListener(vs.view, nil)
+	clear(vs.gateways) // the filtered ones are built again on demand
 	prev, had := vs.res[tListener][GatewayListenerName]
 	switch {
 	case r == nil && had:

@@ -23,6 +23,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/pipeline"
+	"github.com/estuary-mesh/estuary/host/visibility"
 	"github.com/estuary-mesh/estuary/sdk"
 )
 
@@ -82,6 +83,8 @@ type Generator struct {
 	// built for it.
 	mtls   MTLS
 	common commonCache
+	// vis decides which namespaces see which services (exportTo).
+	vis visibility.Rules
 	// scratch holds *pipeline.Scratch for reuse between CLA builds: the
 	// encoder copies everything out, so the pipeline's groups and their
 	// endpoint slices keep their capacity for the next build.

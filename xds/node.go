@@ -31,6 +31,7 @@ const (
 	metaClusterID      = "CLUSTER_ID"
 	metaRequestedViews = "REQUESTED_NETWORK_VIEW"
 	metaGenerator      = "GENERATOR"
+	metaNamespace      = "NAMESPACE"
 )
 
 // ParseNode reads what decides a node's view from its id and metadata.
@@ -44,6 +45,7 @@ func ParseNode(n *corev3.Node) model.Node {
 	out.Network = str(metaNetwork)
 	out.ClusterID = str(metaClusterID)
 	out.RequestedNetworks = splitList(md[metaRequestedViews])
+	out.Namespace = model.NodeNamespace(out.ID, str(metaNamespace))
 	switch {
 	case strings.Split(out.ID, "~")[0] == "router":
 		out.Kind = model.KindRouter

@@ -29,7 +29,7 @@ func TestParseNode(t *testing.T) {
 				"NETWORK": "network1", "CLUSTER_ID": "cluster1", "LABELS": map[string]any{"app": "reviews"},
 			})},
 			want: model.Node{ID: "sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", Kind: model.KindEnvoy, Network: "network1",
-				ClusterID: "cluster1"},
+				ClusterID: "cluster1", Namespace: "bookinfo"},
 			view: model.View{Kind: model.KindEnvoy, Network: "network1", Cluster: "cluster1"},
 		},
 		{
@@ -38,7 +38,7 @@ func TestParseNode(t *testing.T) {
 				"NETWORK": "network2", "REQUESTED_NETWORK_VIEW": "network2", "INSTANCE_IPS": "10.0.0.9,fd00::9",
 			})},
 			want: model.Node{ID: "router~10.0.0.9~istio-eastwestgateway-1.istio-system~istio-system.svc.cluster.local", Kind: model.KindRouter,
-				Network: "network2", RequestedNetworks: []string{"network2"}},
+				Network: "network2", RequestedNetworks: []string{"network2"}, Namespace: "istio-system"},
 			view: model.View{Kind: model.KindRouter, Network: "network2", Networks: "network2"},
 		},
 		{
@@ -46,7 +46,7 @@ func TestParseNode(t *testing.T) {
 			node: &corev3.Node{Id: "client-1", Metadata: md(map[string]any{
 				"GENERATOR": "grpc", "NAMESPACE": "default", "REQUESTED_NETWORK_VIEW": []any{"n2", "n1", "n2"},
 			})},
-			want: model.Node{ID: "client-1", Kind: model.KindProxyless, RequestedNetworks: []string{"n1", "n2"}},
+			want: model.Node{ID: "client-1", Kind: model.KindProxyless, RequestedNetworks: []string{"n1", "n2"}, Namespace: "default"},
 			view: model.View{Kind: model.KindProxyless, Networks: "n1,n2"},
 		},
 		{
@@ -60,7 +60,7 @@ func TestParseNode(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got := ParseNode(tt.node)
 			if got.ID != tt.want.ID || got.Kind != tt.want.Kind || got.Network != tt.want.Network || got.ClusterID != tt.want.ClusterID ||
-				!slices.Equal(got.RequestedNetworks, tt.want.RequestedNetworks) {
+				got.Namespace != tt.want.Namespace || !slices.Equal(got.RequestedNetworks, tt.want.RequestedNetworks) {
 				t.Errorf("ParseNode = %+v, want %+v", got, tt.want)
 			}
 			if v := got.View(); v != tt.view {

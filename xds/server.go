@@ -25,6 +25,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/aggregate"
 	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/host/pipeline"
+	"github.com/estuary-mesh/estuary/host/visibility"
 )
 
 // Options configure the server.
@@ -65,6 +66,10 @@ type Options struct {
 	Limits Limits
 	// MTLS is the mesh's workload mTLS, which the clusters carry.
 	MTLS MTLS
+	// Visibility decides which client namespaces see which services
+	// (exportTo); its zero value exports services without an exportTo
+	// to every namespace.
+	Visibility visibility.Rules
 }
 
 // Server is the ADS server.
@@ -115,15 +120,17 @@ type metrics struct {
 
 // streamInfo is one connected client, for /debug/adsz.
 type streamInfo struct {
-	ID     int64                `json:"stream"`
-	Delta  bool                 `json:"delta"`
-	Node   string               `json:"node"`
-	Kind   string               `json:"kind"`
-	View   string               `json:"view"`
-	Since  time.Time            `json:"connected_at"`
-	Types  map[string]*typeInfo `json:"types"`
-	view   model.View
-	parsed bool
+	ID    int64  `json:"stream"`
+	Delta bool   `json:"delta"`
+	Node  string `json:"node"`
+	Kind  string `json:"kind"`
+	View  string `json:"view"`
+	// Namespace decides which services the node sees (exportTo).
+	Namespace string               `json:"namespace"`
+	Since     time.Time            `json:"connected_at"`
+	Types     map[string]*typeInfo `json:"types"`
+	view      model.View
+	parsed    bool
 	// identity is the client's SPIFFE ID, when its certificate has one.
 	identity    model.Identity
 	hasIdentity bool
@@ -170,6 +177,7 @@ type Upstream interface {
 func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream Upstream, logger hclog.Logger, reg prometheus.Registerer) *Server {
 	gen := NewGenerator(agg, eds)
 	gen.mtls = opts.MTLS
+	gen.vis = opts.Visibility
 	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{
 		opts:    opts,
@@ -671,7 +679,7 @@ func (s *Server) admit(si *streamInfo, node *corev3.Node) error {
 		return err
 	}
 	s.nodesMu.Lock()
-	si.Node, si.Kind, si.view, si.View, si.parsed = n.ID, n.Kind.String(), v, v.String(), true
+	si.Node, si.Kind, si.view, si.View, si.Namespace, si.parsed = n.ID, n.Kind.String(), v, v.String(), n.Namespace, true
 	s.nodesMu.Unlock()
 	si.own.node = node
 	return nil

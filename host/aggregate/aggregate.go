@@ -231,6 +231,9 @@ func merge(hostname string, instances []*replica.Instance) *Service {
 		if out.MTLSMode != svc.MTLSMode {
 			conflict("mtls_mode", fmt.Sprintf("%q kept, %q ignored", out.MTLSMode, svc.MTLSMode))
 		}
+		if !slices.Equal(out.ExportTo, svc.ExportTo) {
+			conflict("export_to", fmt.Sprintf("%q kept, %q ignored", out.ExportTo, svc.ExportTo))
+		}
 		mergeAddrs(&out.VIPs, svc.VIPs)
 		mergeAddrs(&out.ExternalAddresses, svc.ExternalAddresses)
 		for c, ports := range svc.NodePorts {

@@ -1,7 +1,7 @@
 // Package config reads plugins.hcl, the host's configuration file.
 //
 //	mesh    { domain_suffix = "cluster.local"  cluster_id = "Kubernetes"  network = ""
-//	          mtls = "PERMISSIVE"  trust_domain = "cluster.local" }
+//	          mtls = "PERMISSIVE"  trust_domain = "cluster.local"  default_service_export_to = ["*"] }
 //	xds     { listen = "127.0.0.1:15010"  debounce_after = "100ms"  debounce_max = "10s"
 //	          max_connection_age = "30m"  drain_grace = "5s"
 //	          insecure = false  max_views = 1000  max_connections = 10000
@@ -38,6 +38,7 @@ import (
 	"github.com/hashicorp/hcl/v2/gohcl"
 	"github.com/hashicorp/hcl/v2/hclparse"
 
+	"github.com/estuary-mesh/estuary/host/visibility"
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/configschema"
 )
@@ -77,9 +78,14 @@ type File struct {
 	// Filename as given to Load.
 	Filename string
 	Mesh     Mesh
-	XDS      XDS
-	Admin    Admin
-	Plugins  []*Plugin
+	// DefaultServiceExportTo is mesh.default_service_export_to: the
+	// exportTo of services that set none, as Istio's
+	// meshConfig.defaultServiceExportTo; "*" unless set. (Outside Mesh,
+	// which plugins' generations compare with ==.)
+	DefaultServiceExportTo []string
+	XDS                    XDS
+	Admin                  Admin
+	Plugins                []*Plugin
 	// Networks is the body of the networks block, nil when absent. The
 	// network manager decodes it.
 	Networks hcl.Body
@@ -227,6 +233,8 @@ type meshBlock struct {
 	Network      *string `hcl:"network,optional"`
 	MTLS         *string `hcl:"mtls,optional"`
 	TrustDomain  *string `hcl:"trust_domain,optional"`
+	// ExportTo is kept as an expression, so an entry's error points at it.
+	ExportTo hcl.Expression `hcl:"default_service_export_to,optional"`
 }
 
 type xdsBlock struct {
@@ -303,9 +311,10 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		return nil, diags
 	}
 	out := &File{
-		Filename: filename,
-		Source:   src,
-		Mesh:     Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID, MTLS: DefaultMTLS, TrustDomain: DefaultTrustDomain},
+		Filename:               filename,
+		Source:                 src,
+		Mesh:                   Mesh{DomainSuffix: DefaultDomainSuffix, ClusterID: DefaultClusterID, MTLS: DefaultMTLS, TrustDomain: DefaultTrustDomain},
+		DefaultServiceExportTo: visibility.DefaultExportTo,
 		XDS: XDS{Listen: DefaultXDSListen, DebounceAfter: DefaultDebounceAfter, DebounceMax: DefaultDebounceMax,
 			MaxConnectionAge: DefaultMaxConnectionAge, DrainGrace: DefaultDrainGrace,
 			MaxViews: DefaultMaxViews, MaxConnections: DefaultMaxConnections, MaxStreamsPerConnection: DefaultMaxStreamsPerConnection,
@@ -330,7 +339,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		}
 		switch b.Type {
 		case "mesh":
-			diags = append(diags, decodeMesh(b, &out.Mesh)...)
+			diags = append(diags, decodeMesh(b, &out.Mesh, &out.DefaultServiceExportTo)...)
 		case "xds":
 			diags = append(diags, decodeXDS(b, &out.XDS)...)
 		case "admin":
@@ -402,7 +411,7 @@ func position(r hcl.Range) string {
 	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
 }
 
-func decodeMesh(b *hcl.Block, m *Mesh) hcl.Diagnostics {
+func decodeMesh(b *hcl.Block, m *Mesh, exportTo *[]string) hcl.Diagnostics {
 	var mb meshBlock
 	diags := gohcl.DecodeBody(b.Body, nil, &mb)
 	if mb.DomainSuffix != nil {
@@ -433,6 +442,42 @@ func decodeMesh(b *hcl.Block, m *Mesh) hcl.Diagnostics {
 				Subject: attrRange(b.Body, "trust_domain").Ptr()})
 		}
 	}
+	diags = append(diags, decodeExportTo(mb.ExportTo, exportTo)...)
+	return diags
+}
+
+// decodeExportTo reads default_service_export_to, each bad entry an
+// error at the entry.
+func decodeExportTo(expr hcl.Expression, out *[]string) hcl.Diagnostics {
+	if expr == nil {
+		return nil
+	}
+	if v, d := expr.Value(nil); d.HasErrors() || v.IsNull() {
+		return d // absent (null), or not a value at all
+	}
+	elems, diags := hcl.ExprList(expr)
+	if diags.HasErrors() {
+		return diags
+	}
+	list := make([]string, len(elems))
+	for i, e := range elems {
+		if d := gohcl.DecodeExpression(e, nil, &list[i]); d.HasErrors() {
+			diags = append(diags, d...)
+		}
+	}
+	if diags.HasErrors() {
+		return diags
+	}
+	if len(list) == 0 {
+		return append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Empty default_service_export_to",
+			Detail: `default_service_export_to = []: name at least one entry; "~" exports services to no namespace.`, Subject: expr.Range().Ptr()})
+	}
+	for _, e := range visibility.Validate(list) {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid default_service_export_to",
+			Detail:  fmt.Sprintf("default_service_export_to[%d]: %v", e.Index, e.Err),
+			Subject: elems[e.Index].Range().Ptr()})
+	}
+	*out = list
 	return diags
 }
 

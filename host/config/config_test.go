@@ -238,6 +238,24 @@ admin {
 		src: `mesh { trust_domain = "spiffe://cluster.local" }
 `,
 		want: `plugins.hcl:1:23: error: Invalid trust_domain: trust_domain = "spiffe://cluster.local": must be a non-empty name without "/" or ":", as in spiffe://TRUST_DOMAIN/ns/NS/sa/SA`,
+	}, {
+		name: "default_service_export_to: a bad entry, pointed at",
+		src: `mesh {
+  default_service_export_to = [".", "Team_A"]
+}
+`,
+		want: `plugins.hcl:2:37: error: Invalid default_service_export_to: default_service_export_to[1]: "Team_A" is not ".", "*", "~" or a namespace name: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')`,
+	}, {
+		name: "default_service_export_to: * with others, a repeat",
+		src: `mesh { default_service_export_to = ["*", "a", "a"] }
+`,
+		want: `plugins.hcl:1:37: error: Invalid default_service_export_to: default_service_export_to[0]: "*" cannot be combined with other values
+plugins.hcl:1:47: error: Invalid default_service_export_to: default_service_export_to[2]: "a" is listed twice`,
+	}, {
+		name: "default_service_export_to: empty",
+		src: `mesh { default_service_export_to = [] }
+`,
+		want: `plugins.hcl:1:36: error: Empty default_service_export_to: default_service_export_to = []: name at least one entry; "~" exports services to no namespace`,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -246,6 +264,18 @@ admin {
 				t.Errorf("diagnostics:\n got: %s\nwant: %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestDefaultServiceExportTo: "*" unless set; set, read as written.
+func TestDefaultServiceExportTo(t *testing.T) {
+	f, diags := parse(t, "mesh {}\n")
+	if diags != "" || !slices.Equal(f.DefaultServiceExportTo, []string{"*"}) {
+		t.Fatalf("default: %v %s", f.DefaultServiceExportTo, diags)
+	}
+	f, diags = parse(t, "mesh {\n  default_service_export_to = [\".\", \"istio-system\"]\n}\n")
+	if diags != "" || !slices.Equal(f.DefaultServiceExportTo, []string{".", "istio-system"}) {
+		t.Fatalf("set: %v %s", f.DefaultServiceExportTo, diags)
 	}
 }
 

@@ -42,6 +42,28 @@ type Node struct {
 	// RequestedNetworks is REQUESTED_NETWORK_VIEW: when set, the node sees
 	// only endpoints on these networks (and those whose network is unknown).
 	RequestedNetworks []string
+	// Namespace is the node's namespace (NodeNamespace), which decides
+	// the services it sees (host/visibility). It is not part of the view:
+	// resources are shared across namespaces, and visibility filters them.
+	Namespace string
+}
+
+// NodeNamespace is the namespace a node is in, as Istio reads it: the
+// NAMESPACE metadata if sent, else the first label of the DNS domain of
+// an id TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN. Empty when neither
+// names one.
+func NodeNamespace(id, metadata string) string {
+	if metadata != "" {
+		return metadata
+	}
+	parts := strings.Split(id, "~")
+	if len(parts) != 4 {
+		return ""
+	}
+	if ns, _, dotted := strings.Cut(parts[3], "."); dotted {
+		return ns
+	}
+	return ""
 }
 
 // View returns the node's view.

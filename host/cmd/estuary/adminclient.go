@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -90,4 +91,25 @@ func (c *adminClient) httpClient() (*http.Client, string, error) {
 	}
 	client.Transport = &http.Transport{TLSClientConfig: conf}
 	return client, "https", nil
+}
+
+// show prints a JSON debug page: as it is with raw (--json), else decoded
+// into a T and printed by print. It returns the command's exit status.
+func show[T any](c *adminClient, path string, q url.Values, raw bool, print func(io.Writer, *T)) int {
+	body, err := c.get(path, q)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if raw {
+		os.Stdout.Write(body)
+		return 0
+	}
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
+		return 1
+	}
+	print(os.Stdout, &v)
+	return 0
 }

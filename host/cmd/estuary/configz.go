@@ -53,8 +53,11 @@ func effectiveConfig(f *config.File, running func(label string) (*config.Plugin,
 		plugins = append(plugins, v)
 	}
 	return map[string]any{
-		"file":    f.Filename,
-		"mesh":    f.Mesh,
+		"file": f.Filename,
+		"mesh": struct {
+			config.Mesh
+			ExportTo []string `json:"default_service_export_to"` // kept outside config.Mesh, shown in it
+		}{f.Mesh, f.DefaultServiceExportTo},
 		"xds":     humanDurations(f.XDS),
 		"admin":   humanDurations(f.Admin),
 		"plugins": plugins,

@@ -22,8 +22,12 @@ import (
 // which is the trace the endpoint pipeline records while it computes what
 // the xDS server sends.
 func explain(args []string) int {
+	if len(args) > 0 && args[0] == "service" {
+		return explainService(args[1:]) // explain_service.go
+	}
 	if len(args) == 0 || args[0] != "endpoint" {
 		fmt.Fprintln(os.Stderr, "usage: estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR] [--json]")
+		fmt.Fprintln(os.Stderr, "       estuary explain service HOST --node ID [--admin ADDR] [--json]")
 		fmt.Fprintln(os.Stderr, "       (an east-west gateway's clusters are named outbound_.PORT_._.HOST)")
 		return 2
 	}

@@ -5,6 +5,7 @@
 //	estuary validate -config plugins.hcl   check a file without starting anything
 //	estuary plugins [-config plugins.hcl]  list bundled and configured plugins
 //	estuary explain endpoint --node ID --cluster 'outbound|PORT||HOST'
+//	estuary explain service HOST --node ID
 //	                                       why a node gets the endpoints it gets
 //	estuary create-remote-secret --name CLUSTER_ID [--context CTX]
 //	                                       print a remote secret for a member cluster
@@ -81,6 +82,7 @@ commands:
   proxy-config clusters --node ID [--cluster NAME] [--admin ADDR]
                            show each cluster's TLS and SNI, and why
   explain endpoint --node ID --cluster 'outbound|PORT||HOST' [--admin ADDR]
+  explain service HOST --node ID [--admin ADDR]
                            why a node gets those endpoints: network rules,
                            gateways, weights
                            (both take --admin-token-file, --admin-ca-file,

@@ -28,6 +28,7 @@ import (
 	"github.com/estuary-mesh/estuary/host/pipeline"
 	"github.com/estuary-mesh/estuary/host/replica"
 	"github.com/estuary-mesh/estuary/host/supervisor"
+	"github.com/estuary-mesh/estuary/host/visibility"
 	"github.com/estuary-mesh/estuary/sdk/redact"
 	"github.com/estuary-mesh/estuary/xds"
 )
@@ -148,6 +149,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
 	xo := xdsOptions(file.XDS)
 	xo.MTLS = meshMTLS(file.Mesh)
+	xo.Visibility = visibility.Rules{Default: file.DefaultServiceExportTo}
 	xo.Ready = h.ready // xDS answers no one before /readyz is first true
 	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
@@ -163,6 +165,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 		logger.Warn("INSECURE: " + w)
 	}
 	h.admin.Handle("/debug/networkz", eds.Handler(h.xds))
+	h.admin.Handle("/debug/visibilityz", xo.Visibility.Handler(agg, h.xds)) // the rules the xDS server applies
 	for path, handler := range h.xds.DebugHandlers() {
 		h.admin.Handle(path, handler)
 	}
@@ -317,6 +320,9 @@ func (h *server) reload() {
 	}
 	if meshMTLS(next.Mesh) != meshMTLS(file.Mesh) {
 		h.logger.Warn("mesh mtls and trust_domain change only on restart")
+	}
+	if !slices.Equal(next.DefaultServiceExportTo, file.DefaultServiceExportTo) {
+		h.logger.Warn("mesh default_service_export_to changes only on restart")
 	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
