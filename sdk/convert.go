@@ -33,6 +33,7 @@ func (s *Service) toProto() *registryv1.Service {
 		MeshExternal:      s.MeshExternal,
 		ExportTo:          s.ExportTo,
 		SubjectAltNames:   s.SubjectAltNames,
+		LocalityFailover:  registryv1.LocalityFailover(s.LocalityFailover),
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // Metadata keys Istio proxies send, which Estuary reads the same way.
@@ -44,6 +45,9 @@ func ParseNode(n *corev3.Node) model.Node {
 	out.Network = str(metaNetwork)
 	out.ClusterID = str(metaClusterID)
 	out.RequestedNetworks = splitList(md[metaRequestedViews])
+	// Spelled as endpoints' localities are, so that equal ones compare equal.
+	l := n.GetLocality()
+	out.Locality = sdk.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubZone()}.String()
 	switch {
 	case strings.Split(out.ID, "~")[0] == "router":
 		out.Kind = model.KindRouter

@@ -146,8 +146,10 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
+	eds.SetLocality(localityPolicy(file.Locality))
 	xo := xdsOptions(file.XDS)
 	xo.MTLS = meshMTLS(file.Mesh)
+	xo.LocalityViews = file.Locality.Failover != nil // views keyed by locality only if it can matter
 	xo.Ready = h.ready // xDS answers no one before /readyz is first true
 	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
@@ -318,6 +320,9 @@ func (h *server) reload() {
 	if meshMTLS(next.Mesh) != meshMTLS(file.Mesh) {
 		h.logger.Warn("mesh mtls and trust_domain change only on restart")
 	}
+	if !reflect.DeepEqual(next.Locality, file.Locality) {
+		h.logger.Warn("mesh locality_failover and failover change only on restart")
+	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
 	}
@@ -356,4 +361,14 @@ func (f *failures) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.why)
+}
+
+// localityPolicy is the endpoint pipeline's view of the mesh's locality
+// failover.
+func localityPolicy(l config.Locality) pipeline.LocalityPolicy {
+	lp := pipeline.LocalityPolicy{Enabled: l.Failover != nil && *l.Failover}
+	for _, r := range l.Rules {
+		lp.Failover = append(lp.Failover, pipeline.FailoverRule{From: r.From, To: r.To})
+	}
+	return lp
 }

@@ -1579,6 +1579,11 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.LocalityFailover != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.LocalityFailover))
+		i--
+		dAtA[i] = 0x68
+	}
 	if len(m.SubjectAltNames) > 0 {
 		for iNdEx := len(m.SubjectAltNames) - 1; iNdEx >= 0; iNdEx-- {
 			i -= len(m.SubjectAltNames[iNdEx])
@@ -2750,6 +2755,9 @@ func (m *Service) SizeVT() (n int) {
 			l = len(s)
 			n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 		}
+	}
+	if m.LocalityFailover != 0 {
+		n += 1 + protohelpers.SizeOfVarint(uint64(m.LocalityFailover))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -6915,6 +6923,25 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 			}
 			m.SubjectAltNames = append(m.SubjectAltNames, string(dAtA[iNdEx:postIndex]))
 			iNdEx = postIndex
+		case 13:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field LocalityFailover", wireType)
+			}
+			m.LocalityFailover = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.LocalityFailover |= LocalityFailover(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

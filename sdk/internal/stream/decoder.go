@@ -248,6 +248,7 @@ func decodeService(p *registryv1.Service) *sdk.Service {
 		MeshExternal:      p.GetMeshExternal(),
 		ExportTo:          p.GetExportTo(),
 		SubjectAltNames:   p.GetSubjectAltNames(),
+		LocalityFailover:  sdk.LocalityFailover(p.GetLocalityFailover()),
 	}
 	if ps := p.GetPorts(); len(ps) > 0 {
 		s.Ports = make([]sdk.Port, len(ps))
