@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/estuary-mesh/estuary/host/model"
 	"github.com/estuary-mesh/estuary/sdk"
@@ -46,9 +47,12 @@ var rawPriorityMatch = [...]string{
 	prioNotRuled: "another region, not the failover rule's",
 }
 
+var rawPriorityRuled = [...]string{"another region, the failover rule's", "another region, not the failover rule's"}
+
 // rawPriority is the priority of endpoints in locality ep for a client in
-// locality client, and why.
-func rawPriority(client, ep sdk.Locality, rules []FailoverRule) (prio int, why string) {
+// locality client, and why: a rule's words are only written when explain
+// asks for them, as Build allocates nothing.
+func rawPriority(client, ep sdk.Locality, rules []FailoverRule, explain bool) (prio int, why string) {
 	switch {
 	case client.Region != ep.Region:
 		prio = prioOther
@@ -68,12 +72,26 @@ func rawPriority(client, ep sdk.Locality, rules []FailoverRule) (prio int, why s
 		if r.From != client.Region {
 			continue
 		}
+		prio = prioNotRuled
 		if ep.Region == r.To {
-			return prioOther, fmt.Sprintf("another region, the failover rule's (%s → %s)", r.From, r.To)
+			prio = prioOther
 		}
-		return prioNotRuled, fmt.Sprintf("another region, not the failover rule's (%s → %s)", r.From, r.To)
+		if explain {
+			why = fmt.Sprintf("%s (%s → %s)", rawPriorityRuled[prio-prioOther], r.From, r.To)
+		}
+		return prio, why
 	}
 	return prio, why
+}
+
+// parseLocality is sdk.ParseLocality without its allocation: Build runs
+// for every CLA and allocates nothing.
+func parseLocality(s string) sdk.Locality {
+	var l sdk.Locality
+	var rest string
+	l.Region, rest, _ = strings.Cut(s, "/")
+	l.Zone, l.Subzone, _ = strings.Cut(rest, "/")
+	return l
 }
 
 // prioritize gives each group its priority relative to the client's
@@ -82,10 +100,10 @@ func rawPriority(client, ep sdk.Locality, rules []FailoverRule) (prio int, why s
 // order within one. A gateway's group keeps the locality of the endpoints
 // it stands in for, so remote endpoints keep their priority.
 func (p *Pipeline) prioritize(groups []model.LocalityGroup, client string, tr *Trace) []model.LocalityGroup {
-	cl := sdk.ParseLocality(client)
+	cl := parseLocality(client)
 	var used [prioNotRuled + 1]bool
 	for i := range groups {
-		prio, _ := rawPriority(cl, sdk.ParseLocality(groups[i].Locality), p.locality.Failover)
+		prio, _ := rawPriority(cl, parseLocality(groups[i].Locality), p.locality.Failover, false)
 		groups[i].Priority = uint32(prio)
 		used[prio] = true
 	}
@@ -101,7 +119,7 @@ func (p *Pipeline) prioritize(groups []model.LocalityGroup, client string, tr *T
 		raw := groups[i].Priority
 		groups[i].Priority = final[raw]
 		if tr != nil {
-			_, why := rawPriority(cl, sdk.ParseLocality(groups[i].Locality), p.locality.Failover)
+			_, why := rawPriority(cl, parseLocality(groups[i].Locality), p.locality.Failover, true)
 			tr.prioritized(groups[i].Locality, int(raw), final[raw], why)
 		}
 	}

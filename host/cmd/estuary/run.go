@@ -150,7 +150,7 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	xo := xdsOptions(file.XDS)
 	xo.MTLS = meshMTLS(file.Mesh)
 	xo.LocalityViews = file.Locality.Failover != nil // views keyed by locality only if it can matter
-	xo.Ready = h.ready // xDS answers no one before /readyz is first true
+	xo.Ready = h.ready                               // xDS answers no one before /readyz is first true
 	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
