@@ -218,6 +218,15 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 	if s.namespace == "" {
 		s.namespace = "default"
 	}
+	// Consul CE refuses any ns or partition parameter, "default" too (400,
+	// "Namespaces are a Consul Enterprise feature"), and Enterprise takes
+	// an absent one as the default: so "default" is not sent, and a block
+	// written for Enterprise's default namespace works on CE as well.
+	for _, v := range []*string{&s.api.Namespace, &s.api.Partition} {
+		if *v == "default" {
+			*v = ""
+		}
+	}
 	if cfg.DomainSuffix != nil {
 		suffix := strings.Trim(*cfg.DomainSuffix, ".")
 		if suffix == "" || strings.ContainsAny(suffix, " /:") {
