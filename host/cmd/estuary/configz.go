@@ -52,13 +52,17 @@ func effectiveConfig(f *config.File, running func(label string) (*config.Plugin,
 		}
 		plugins = append(plugins, v)
 	}
-	return map[string]any{
+	out := map[string]any{
 		"file":    f.Filename,
 		"mesh":    f.Mesh,
 		"xds":     humanDurations(f.XDS),
 		"admin":   humanDurations(f.Admin),
 		"plugins": plugins,
 	}
+	if f.Locality.Failover != nil { // written in the mesh block
+		out["locality"] = f.Locality
+	}
+	return out
 }
 
 // humanDurations returns v (a config struct) as JSON would encode it,

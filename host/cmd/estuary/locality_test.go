@@ -138,6 +138,11 @@ func TestLocalityFailoverWithProxylessGRPC(t *testing.T) {
 		}
 	}
 
+	// /debug/configz shows the setting the host runs with.
+	if _, body := h.get("/debug/configz"); !strings.Contains(string(body), `"locality_failover": false`) || !strings.Contains(string(body), `"to": "region2"`) {
+		t.Errorf("/debug/configz lacks the locality failover setting:\n%s", body)
+	}
+
 	// zone-a unhealthy: zone-b, not region2.
 	down := func(z zoned) zoned { z.healthy = false; return z }
 	apply(down(a1), down(a2), b1, r2)
