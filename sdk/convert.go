@@ -36,6 +36,7 @@ func (s *Service) toProto() *registryv1.Service {
 		MtlsMode:          registryv1.MTLSMode(s.MTLSMode),
 		MtlsModeSource:    s.MTLSModeSource,
 		ClusterLocal:      s.ClusterLocal,
+		LocalityFailover:  registryv1.LocalityFailover(s.LocalityFailover),
 	}
 }
 

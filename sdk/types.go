@@ -216,7 +216,60 @@ type Service struct {
 	// it). Kubernetes MCS uses it for cluster.local when only
 	// clusterset.local spans clusters.
 	ClusterLocal bool `json:"cluster_local,omitempty"`
+	// LocalityFailover overrides the mesh's locality_failover for this
+	// service; the zero value follows the mesh.
+	LocalityFailover LocalityFailover `json:"locality_failover,omitempty"`
 }
+
+// LocalityFailover is a service's choice about locality failover:
+// whether clients get its endpoints in priorities by how near each
+// locality is to their own, as Istio's locality failover orders them.
+type LocalityFailover int
+
+const (
+	// LocalityFailoverMesh follows mesh.locality_failover.
+	LocalityFailoverMesh LocalityFailover = iota
+	// LocalityFailoverOn orders this service's endpoints by locality.
+	LocalityFailoverOn
+	// LocalityFailoverOff sends this service's endpoints in one priority.
+	LocalityFailoverOff
+)
+
+// LocalityFailoverOf reads the bool an operator writes (a static
+// attribute, an annotation): nil follows the mesh.
+func LocalityFailoverOf(on *bool) LocalityFailover {
+	switch {
+	case on == nil:
+		return LocalityFailoverMesh
+	case *on:
+		return LocalityFailoverOn
+	}
+	return LocalityFailoverOff
+}
+
+// Enabled resolves the choice against the mesh's default.
+func (f LocalityFailover) Enabled(mesh bool) bool {
+	switch f {
+	case LocalityFailoverOn:
+		return true
+	case LocalityFailoverOff:
+		return false
+	}
+	return mesh
+}
+
+func (f LocalityFailover) String() string {
+	switch f {
+	case LocalityFailoverOn:
+		return "on"
+	case LocalityFailoverOff:
+		return "off"
+	}
+	return "mesh"
+}
+
+// MarshalText renders mesh, on or off.
+func (f LocalityFailover) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
 
 // Equal reports whether two services carry the same data.
 func (s *Service) Equal(o *Service) bool {
@@ -229,7 +282,8 @@ func (s *Service) Equal(o *Service) bool {
 		s.Resolution == o.Resolution && s.MeshExternal == o.MeshExternal &&
 		slices.Equal(s.ExportTo, o.ExportTo) && slices.Equal(s.SubjectAltNames, o.SubjectAltNames) &&
 		s.MTLSMode == o.MTLSMode && s.MTLSModeSource == o.MTLSModeSource &&
-		s.ClusterLocal == o.ClusterLocal
+		s.ClusterLocal == o.ClusterLocal &&
+		s.LocalityFailover == o.LocalityFailover
 }
 
 // Locality is where a workload runs.

@@ -30,8 +30,11 @@ type Consul struct {
 	// (-dev) agent.
 	DataDir string
 	// Ports of the agent; -1 means disabled. DNS and serf WAN are disabled,
-	// HTTPS unless ConsulHTTPS was given.
-	HTTPPort, ServerPort, SerfLANPort, GRPCPort, HTTPSPort int
+	// HTTPS unless ConsulHTTPS was given, gRPC TLS unless ConsulPeering was.
+	HTTPPort, ServerPort, SerfLANPort, GRPCPort, HTTPSPort, GRPCTLSPort int
+	// Datacenter is the agent's datacenter, "dc1" unless ConsulPeering
+	// named another.
+	Datacenter string
 	// Dir holds the config file and the log, Log is the log file.
 	Dir, Log string
 	// Node is the agent's node name.
@@ -90,6 +93,16 @@ func ConsulHCL(hcl string) ConsulOption {
 	return func(c *Consul) { c.extra = append(c.extra, hcl) }
 }
 
+// ConsulPeering makes the agent an independent cluster that can peer
+// with another (Consul's cluster peering): datacenter dc, peering on, and
+// a gRPC TLS port, in Consul.GRPCTLSPort, on which the servers of two
+// peered clusters talk with certificates from their Connect CA. Two
+// agents of two ConsulPeering calls peer through the peering API
+// (GenerateToken on one, Establish on the other).
+func ConsulPeering(dc string) ConsulOption {
+	return func(c *Consul) { c.GRPCTLSPort, c.Datacenter = 0, dc }
+}
+
 func randomUUID() string {
 	h := randomHex(16)
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
@@ -114,8 +127,9 @@ func StartConsul(t testing.TB, opts ...ConsulOption) *Consul {
 		Log:    filepath.Join(dir, "consul.log"),
 		Node:   "testbed",
 		httpTr: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second},
-		// HTTPSPort: -1 (disabled) unless ConsulHTTPS sets it to 0 (pick one).
-		HTTPSPort: -1,
+		// HTTPSPort: -1 (disabled) unless ConsulHTTPS sets it to 0 (pick
+		// one); GRPCTLSPort likewise with ConsulPeering.
+		HTTPSPort: -1, GRPCTLSPort: -1, Datacenter: "dc1",
 	}
 	t.Cleanup(c.cleanup)
 	for _, o := range opts {
@@ -131,15 +145,22 @@ func StartConsul(t testing.TB, opts ...ConsulOption) *Consul {
 	for attempt := 0; ; attempt++ {
 		n := 4
 		if c.HTTPSPort >= 0 {
-			n = 5
+			n++
+		}
+		if c.GRPCTLSPort >= 0 {
+			n++
 		}
 		ports, err := freePorts(n, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort = ports[0], ports[1], ports[2], ports[3]
-		if n == 5 {
-			c.HTTPSPort = ports[4]
+		rest := ports[4:]
+		if c.HTTPSPort >= 0 {
+			c.HTTPSPort, rest = rest[0], rest[1:]
+		}
+		if c.GRPCTLSPort >= 0 {
+			c.GRPCTLSPort = rest[0]
 		}
 		c.Addr = "127.0.0.1:" + strconv.Itoa(c.HTTPPort)
 		if err := c.configure(); err != nil {
@@ -177,9 +198,13 @@ ports {
   https    = %d
   dns      = -1
   serf_wan = -1
-  grpc_tls = -1
+  grpc_tls = %d
 }
-`, c.Node, c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort, c.HTTPSPort)
+datacenter = %q
+`, c.Node, c.HTTPPort, c.ServerPort, c.SerfLANPort, c.GRPCPort, c.HTTPSPort, c.GRPCTLSPort, c.Datacenter)
+	if c.GRPCTLSPort >= 0 {
+		hcl += "peering { enabled = true }\n"
+	}
 	if c.DataDir != "" {
 		// What -dev would give, minus the in-memory state: a single server
 		// that elects itself quickly.

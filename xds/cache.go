@@ -59,6 +59,8 @@ type Cache struct {
 	views map[model.View]*viewState
 	// vis is what each client namespace does not see: visibility.go.
 	vis visibilityCache
+	// localityViews keeps nodes' localities in their views (viewOf).
+	localityViews bool
 	// maxViews caps the views streams hold (AcquireView); maxNames caps
 	// the resource names of a watch. Zero: no cap.
 	maxViews, maxNames int
@@ -331,7 +333,7 @@ func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan 
 	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
-	return c.open(node.View(), w), nil
+	return c.open(c.viewOf(&node), w), nil
 }
 
 // CreateDeltaWatch opens an incremental watch.
@@ -347,7 +349,18 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
-	return c.open(node.View(), w), nil
+	return c.open(c.viewOf(&node), w), nil
+}
+
+// viewOf is the view of a node: its locality counts only with locality
+// views on, and never for an east-west gateway, which forwards to its
+// own network whatever its locality.
+func (c *Cache) viewOf(n *model.Node) model.View {
+	v := n.View()
+	if !c.localityViews || v.Kind == model.KindRouter {
+		v.Locality = ""
+	}
+	return v
 }
 
 // checkNames refuses a watch of more names than the cap.

@@ -46,6 +46,7 @@ func (s *Server) EndpointRows(v model.View, cluster string) ([]model.EndpointRow
 					Health:              lb.GetHealthStatus().String(),
 					Weight:              lb.GetLoadBalancingWeight().GetValue(),
 					Locality:            loc,
+					Priority:            le.GetPriority(),
 					Network:             md["istio"].GetFields()["network"].GetStringValue(),
 					Registry:            md["istio"].GetFields()["cluster"].GetStringValue(),
 					TLSMode:             md["envoy.transport_socket_match"].GetFields()["tlsMode"].GetStringValue(),

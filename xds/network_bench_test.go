@@ -88,16 +88,24 @@ var benchView = model.View{Kind: model.KindProxyless, Network: "network1", Clust
 //   - mode=multi: the network manager's networks, 4 networks, 3
 //     gateways, half the endpoints remote and replaced by gateways. It
 //     also reports single-ns/endpoint, the baseline measured in the same
-//     iterations, and x-single, the ratio of the two (target: at most 2).
+//     iterations, and x-single, the ratio of the two (target: at most 2);
+//   - mode=locality: one network, locality failover on and a client in
+//     us-east1/us-east1-b, so the three localities get priorities 0, 1
+//     and 2; x-single as in multi mode.
 func BenchmarkEDSNetworks(b *testing.B) {
 	for _, sh := range edsShapes {
 		shape := fmt.Sprintf("endpoints=%d/services=%d", sh.endpoints, sh.services)
-		for _, mode := range []string{"single", "multi"} {
+		for _, mode := range []string{"single", "multi", "locality"} {
 			b.Run("mode="+mode+"/"+shape, func(b *testing.B) {
 				w := benchWorld(b, sh.endpoints, sh.services)
 				eds := pipeline.New(w.Agg, nil, nil)
-				if mode == "multi" {
+				view := benchView
+				switch mode {
+				case "multi":
 					eds = pipeline.New(w.Agg, w.Manager(benchMultiNetwork), nil)
+				case "locality":
+					eds.SetLocality(pipeline.LocalityPolicy{Enabled: true})
+					view.Locality = "us-east1/us-east1-b"
 				}
 				hosts := make([]string, sh.services)
 				names := make([]string, sh.services)
@@ -109,9 +117,12 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				// as gateway endpoints.
 				total, viaGateway := 0, 0
 				for _, name := range names {
-					groups, err := eds.Endpoints(benchView, name, nil)
+					groups, err := eds.Endpoints(view, name, nil)
 					if err != nil {
 						b.Fatal(err)
+					}
+					if last := len(groups) - 1; mode == "locality" && groups[last].Priority != uint32(last) {
+						b.Fatalf("%d groups, last priority %d; want one priority per locality", len(groups), groups[last].Priority)
 					}
 					for _, g := range groups {
 						for _, e := range g.Endpoints {
@@ -122,7 +133,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 						}
 					}
 				}
-				if mode == "single" && (total != sh.endpoints*sh.services || viaGateway != 0) {
+				if mode != "multi" && (total != sh.endpoints*sh.services || viaGateway != 0) {
 					b.Fatalf("%d endpoints (%d gateways), want %d", total, viaGateway, sh.endpoints*sh.services)
 				}
 				if mode == "multi" && (viaGateway == 0 || total-viaGateway != sh.endpoints*sh.services/2) {
@@ -131,7 +142,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				var enc claEncoder
 				build := func(eds *pipeline.Pipeline) {
 					for _, name := range names {
-						groups, _ := eds.Endpoints(benchView, name, nil)
+						groups, _ := eds.Endpoints(view, name, nil)
 						if len(enc.encode(name, groups)) == 0 {
 							b.Fatal("empty CLA")
 						}
@@ -146,7 +157,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				for b.Loop() {
-					if mode == "multi" {
+					if mode != "single" {
 						b.StopTimer()
 						start := time.Now()
 						build(single)
@@ -157,7 +168,7 @@ func BenchmarkEDSNetworks(b *testing.B) {
 				}
 				endpoints := float64(b.N * sh.endpoints * sh.services)
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/endpoints, "ns/endpoint")
-				if mode == "multi" {
+				if mode != "single" {
 					b.ReportMetric(float64(singleTime.Nanoseconds())/endpoints, "single-ns/endpoint")
 					b.ReportMetric(float64(b.Elapsed())/float64(singleTime), "x-single")
 				}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/model"
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // Metadata keys Istio proxies send, which Estuary reads the same way.
@@ -46,6 +47,9 @@ func ParseNode(n *corev3.Node) model.Node {
 	out.ClusterID = str(metaClusterID)
 	out.RequestedNetworks = splitList(md[metaRequestedViews])
 	out.Namespace = model.NodeNamespace(out.ID, str(metaNamespace))
+	// Spelled as endpoints' localities are, so that equal ones compare equal.
+	l := n.GetLocality()
+	out.Locality = sdk.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubZone()}.String()
 	switch {
 	case strings.Split(out.ID, "~")[0] == "router":
 		out.Kind = model.KindRouter

@@ -69,3 +69,34 @@ func TestParseNode(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalityViews: a node's locality reaches its view only with
+// LocalityViews on, so a mesh without locality failover keeps exactly the
+// views it had; nodes of one locality share a view; an east-west gateway
+// never gets one.
+func TestLocalityViews(t *testing.T) {
+	node := func(kind, zone string) *corev3.Node {
+		id := kind + "~10.0.0.1~a.default~default.svc.cluster.local"
+		return &corev3.Node{Id: id, Locality: &corev3.Locality{Region: "us-east1", Zone: zone}}
+	}
+	off, on := &Cache{}, &Cache{localityViews: true}
+	view := func(c *Cache, n *corev3.Node) model.View {
+		p := ParseNode(n)
+		return c.viewOf(&p)
+	}
+	if p := ParseNode(node("sidecar", "b")); p.Locality != "us-east1/b" {
+		t.Errorf("node locality %q, want us-east1/b", p.Locality)
+	}
+	if a, b := view(off, node("sidecar", "a")), view(off, node("sidecar", "b")); a != b || a.Locality != "" {
+		t.Errorf("locality views off: zones a and b get %s and %s, want one view without locality", a, b)
+	}
+	if a, b := view(on, node("sidecar", "a")), view(on, node("sidecar", "b")); a == b || a.Locality != "us-east1/a" {
+		t.Errorf("locality views on: zones a and b get %s and %s, want two", a, b)
+	}
+	if a, b := view(on, node("sidecar", "a")), view(on, &corev3.Node{Id: "sidecar~10.0.0.2~b.default~default.svc.cluster.local", Locality: &corev3.Locality{Region: "us-east1", Zone: "a"}}); a != b {
+		t.Errorf("two nodes of one locality get %s and %s, want one view", a, b)
+	}
+	if v := view(on, node("router", "a")); v.Locality != "" {
+		t.Errorf("east-west gateway view %s carries a locality", v)
+	}
+}

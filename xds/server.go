@@ -70,6 +70,11 @@ type Options struct {
 	// (exportTo); its zero value exports services without an exportTo
 	// to every namespace.
 	Visibility visibility.Rules
+	// LocalityViews puts a node's locality in its view, so that the
+	// endpoint pipeline can order priorities relative to it. Only locality
+	// failover needs it: without, views ignore localities and are no
+	// more numerous than before. East-west gateways never get one.
+	LocalityViews bool
 }
 
 // Server is the ADS server.
@@ -233,6 +238,7 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 		Name: "estuary_xds_views", Help: "Live views: distinct (kind, network, requested networks, cluster) claims of connected nodes.",
 	}, func() float64 { return float64(s.cache.LiveViews()) })
 	s.cache.maxViews, s.cache.maxNames = opts.Limits.MaxViews, opts.Limits.MaxResourceNames
+	s.cache.localityViews = opts.LocalityViews
 	s.cache.onRefuse = func(limit string) { s.metrics.limited.WithLabelValues(limit).Inc() }
 	s.streamLimit = &streamLimiter{max: opts.Limits.MaxStreamsPerConnection, live: map[string]int{},
 		refused: func(a net.Addr) { s.refusedByLimit(limitStreams, clientKey(a)) }}
@@ -659,7 +665,7 @@ func (s *Server) request(id int64, node *corev3.Node, typeURL, version, nonce, n
 // it and holds its view. A node sent again must be the same node.
 func (s *Server) admit(si *streamInfo, node *corev3.Node) error {
 	n := ParseNode(node)
-	v := n.View()
+	v := s.cache.viewOf(&n)
 	if si.parsed {
 		if n.ID != si.Node || v != si.view {
 			return s.deny(&denial{claimNode, fmt.Sprintf("node %q (view %s) changed to %q (view %s) within a stream; open a new stream", si.Node, si.view, n.ID, v)}, si.Node)

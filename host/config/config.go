@@ -83,6 +83,7 @@ type File struct {
 	// meshConfig.defaultServiceExportTo; "*" unless set. (Outside Mesh,
 	// which plugins' generations compare with ==.)
 	DefaultServiceExportTo []string
+	Locality               Locality // from the mesh block
 	XDS                    XDS
 	Admin                  Admin
 	Plugins                []*Plugin
@@ -103,6 +104,27 @@ type Mesh struct {
 	MTLS string `json:"mtls"`
 	// TrustDomain completes bare service account names into SPIFFE IDs.
 	TrustDomain string `json:"trust_domain"`
+}
+
+// Locality is the locality failover of the mesh block. It is kept out
+// of Mesh, which plugins are configured with: it concerns only what the
+// xDS server sends, so changing it restarts no plugin.
+type Locality struct {
+	// Failover is nil when the mesh block does not set locality_failover:
+	// views then ignore the clients' localities entirely, as before the
+	// setting existed. True orders every service's endpoints by
+	// locality; false does so only for services that opt in.
+	Failover *bool `json:"locality_failover,omitempty"`
+	// Rules, in file order: a client in region From whose own region has
+	// no endpoint left goes to region To next (Istio's
+	// LocalityLoadBalancerSetting.failover).
+	Rules []FailoverRule `json:"failover,omitempty"`
+}
+
+// FailoverRule maps a client's region to the region to use next.
+type FailoverRule struct {
+	From string `json:"from" hcl:"from"`
+	To   string `json:"to" hcl:"to"`
 }
 
 // MTLSModes are the values of mesh mtls: Istio's PeerAuthentication modes.
@@ -235,6 +257,8 @@ type meshBlock struct {
 	TrustDomain  *string `hcl:"trust_domain,optional"`
 	// ExportTo is kept as an expression, so an entry's error points at it.
 	ExportTo hcl.Expression `hcl:"default_service_export_to,optional"`
+	Locality *bool          `hcl:"locality_failover,optional"`
+	Failover []FailoverRule `hcl:"failover,block"`
 }
 
 type xdsBlock struct {
@@ -339,7 +363,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 		}
 		switch b.Type {
 		case "mesh":
-			diags = append(diags, decodeMesh(b, &out.Mesh, &out.DefaultServiceExportTo)...)
+			diags = append(diags, decodeMesh(b, &out.Mesh, &out.DefaultServiceExportTo, &out.Locality)...)
 		case "xds":
 			diags = append(diags, decodeXDS(b, &out.XDS)...)
 		case "admin":
@@ -411,7 +435,7 @@ func position(r hcl.Range) string {
 	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
 }
 
-func decodeMesh(b *hcl.Block, m *Mesh, exportTo *[]string) hcl.Diagnostics {
+func decodeMesh(b *hcl.Block, m *Mesh, exportTo *[]string, loc *Locality) hcl.Diagnostics {
 	var mb meshBlock
 	diags := gohcl.DecodeBody(b.Body, nil, &mb)
 	if mb.DomainSuffix != nil {
@@ -443,6 +467,50 @@ func decodeMesh(b *hcl.Block, m *Mesh, exportTo *[]string) hcl.Diagnostics {
 		}
 	}
 	diags = append(diags, decodeExportTo(mb.ExportTo, exportTo)...)
+	loc.Failover = mb.Locality
+	if !diags.HasErrors() {
+		diags = append(diags, checkFailover(b, mb.Locality != nil, mb.Failover, loc)...)
+	}
+	return diags
+}
+
+// checkFailover checks the failover rules of a mesh block and keeps the
+// good ones. As in Istio, a region has one rule and a rule never maps a
+// region to itself; rules mean nothing without locality failover, so
+// they need the attribute.
+func checkFailover(b *hcl.Block, localitySet bool, rules []FailoverRule, loc *Locality) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	// gohcl decoded the blocks in file order: their ranges come in the same.
+	content, _, _ := b.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: "failover"}}})
+	seen := map[string]hcl.Range{}
+	for i, r := range rules {
+		rng := content.Blocks[i].DefRange
+		switch {
+		case r.From == "" || r.To == "" || strings.Contains(r.From, "/") || strings.Contains(r.To, "/"):
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid failover rule",
+				Detail:  fmt.Sprintf("failover { from = %q to = %q }: from and to are region names, not empty and without \"/\".", r.From, r.To),
+				Subject: rng.Ptr()})
+			continue
+		case r.From == r.To:
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Invalid failover rule",
+				Detail:  fmt.Sprintf("failover from %q to itself: a region's own endpoints already come first.", r.From),
+				Subject: rng.Ptr()})
+			continue
+		}
+		if prev, dup := seen[r.From]; dup {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "Duplicate failover rule",
+				Detail:  fmt.Sprintf("region %q already fails over by the rule at %s.", r.From, position(prev)),
+				Subject: rng.Ptr()})
+			continue
+		}
+		seen[r.From] = rng
+		loc.Rules = append(loc.Rules, r)
+	}
+	if len(content.Blocks) > 0 && !localitySet {
+		diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "failover without locality_failover",
+			Detail:  "failover rules apply only to locality failover: set locality_failover = true (every service) or false (services that opt in).",
+			Subject: content.Blocks[0].DefRange.Ptr()})
+	}
 	return diags
 }
 

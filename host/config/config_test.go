@@ -234,6 +234,53 @@ admin {
 `,
 		want: `plugins.hcl:2:10: error: Unknown mtls mode: mtls = "strict": must be one of STRICT, PERMISSIVE, DISABLE`,
 	}, {
+		name: "failover rule to itself",
+		src: `mesh {
+  locality_failover = true
+  failover {
+    from = "us-east"
+    to   = "us-east"
+  }
+}
+`,
+		want: `plugins.hcl:3:3: error: Invalid failover rule: failover from "us-east" to itself: a region's own endpoints already come first`,
+	}, {
+		name: "failover rule with a zone",
+		src: `mesh {
+  locality_failover = true
+  failover {
+    from = "us-east/a"
+    to   = "us-west"
+  }
+}
+`,
+		want: `plugins.hcl:3:3: error: Invalid failover rule: failover { from = "us-east/a" to = "us-west" }: from and to are region names, not empty and without "/"`,
+	}, {
+		name: "two failover rules for one region",
+		src: `mesh {
+  locality_failover = false
+  failover {
+    from = "us-east"
+    to   = "us-west"
+  }
+  failover {
+    from = "us-east"
+    to   = "eu-west"
+  }
+}
+`,
+		want: `plugins.hcl:7:3: error: Duplicate failover rule: region "us-east" already fails over by the rule at plugins.hcl:3:3`,
+	}, {
+		name: "failover rules without locality_failover",
+		src: `mesh {
+  failover {
+    from = "us-east"
+    to   = "us-west"
+  }
+}
+`,
+		want: `plugins.hcl:2:3: error: failover without locality_failover: failover rules apply only to locality failover: set locality_failover = true (every service) or false (services that opt in)`,
+	}, {
 		name: "trust domain with a path",
 		src: `mesh { trust_domain = "spiffe://cluster.local" }
 `,
@@ -640,4 +687,33 @@ func TestUnsafePluginBinaries(t *testing.T) {
 			t.Errorf("diagnostics:\n got: %s\nwant: %s", diags, want)
 		}
 	})
+}
+
+// TestLocalityFailover: the mesh block's locality failover is kept apart
+// from the mesh settings plugins get, rules in file order; without the
+// attribute it is nil, which keeps views without localities.
+func TestLocalityFailover(t *testing.T) {
+	f, diags := parse(t, `mesh {
+  locality_failover = true
+  failover {
+    from = "us-east"
+    to   = "us-west"
+  }
+  failover {
+    from = "us-west"
+    to   = "us-east"
+  }
+}
+`)
+	if diags != "" {
+		t.Fatal(diags)
+	}
+	if f.Locality.Failover == nil || !*f.Locality.Failover || len(f.Locality.Rules) != 2 ||
+		f.Locality.Rules[0] != (config.FailoverRule{From: "us-east", To: "us-west"}) || f.Locality.Rules[1].From != "us-west" {
+		t.Errorf("locality = %+v", f.Locality)
+	}
+	f, _ = parse(t, `mesh { cluster_id = "c" }`)
+	if f.Locality.Failover != nil || f.Locality.Rules != nil {
+		t.Errorf("without the attribute: %+v", f.Locality)
+	}
 }

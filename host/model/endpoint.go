@@ -40,7 +40,10 @@ type EndpointRow struct {
 	Health              string   `json:"health"`
 	Weight              uint32   `json:"weight"`
 	Locality            string   `json:"locality"`
-	Network             string   `json:"network,omitempty"`
+	// Priority is the locality's priority (0, the first, without
+	// locality failover).
+	Priority uint32 `json:"priority"`
+	Network  string `json:"network,omitempty"`
 	// Registry is the cluster of the registry the endpoint came from (or,
 	// for a gateway, the gateway's cluster).
 	Registry string `json:"registry_cluster,omitempty"`

@@ -42,6 +42,9 @@ type Node struct {
 	// RequestedNetworks is REQUESTED_NETWORK_VIEW: when set, the node sees
 	// only endpoints on these networks (and those whose network is unknown).
 	RequestedNetworks []string
+	// Locality is the node's "region/zone/subzone", from the locality of
+	// its xDS Node; empty when it announces none.
+	Locality string
 	// Namespace is the node's namespace (NodeNamespace), which decides
 	// the services it sees (host/visibility). It is not part of the view:
 	// resources are shared across namespaces, and visibility filters them.
@@ -68,7 +71,7 @@ func NodeNamespace(id, metadata string) string {
 
 // View returns the node's view.
 func (n *Node) View() View {
-	return View{Kind: n.Kind, Network: n.Network, Networks: strings.Join(n.RequestedNetworks, ","), Cluster: n.ClusterID}
+	return View{Kind: n.Kind, Network: n.Network, Networks: strings.Join(n.RequestedNetworks, ","), Cluster: n.ClusterID, Locality: n.Locality}
 }
 
 // View is what a node's configuration depends on. Nodes with equal views
@@ -80,6 +83,11 @@ type View struct {
 	// means every network.
 	Networks string
 	Cluster  string
+	// Locality is the node's "region/zone/subzone" when locality failover
+	// is configured (the xDS server leaves it empty otherwise, so views
+	// stay as many as before): nodes of one locality share a view, and
+	// the endpoint pipeline orders priorities relative to it.
+	Locality string
 }
 
 func (v View) String() string {
@@ -94,6 +102,10 @@ func (v View) String() string {
 	if v.Cluster != "" {
 		b.WriteString("/cluster=")
 		b.WriteString(v.Cluster)
+	}
+	if v.Locality != "" {
+		b.WriteString("/locality=")
+		b.WriteString(v.Locality)
 	}
 	return b.String()
 }

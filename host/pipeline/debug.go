@@ -90,7 +90,7 @@ type Nodes interface {
 //	/debug/networkz                          networks, gateways, DNS names
 //	/debug/networkz?endpoint=IP              which network each endpoint with the IP is on, and by which rule
 //	/debug/networkz?explain=CLUSTER&node=ID  the trace of a cluster for a connected node
-//	/debug/networkz?explain=CLUSTER&network=N[&requested=N1,N2][&cluster_id=C][&kind=router]
+//	/debug/networkz?explain=CLUSTER&network=N[&requested=N1,N2][&cluster_id=C][&locality=R/Z/S][&kind=router]
 //	                                         the same for a node that would have that view
 func (p *Pipeline) Handler(nodes Nodes) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -109,7 +109,7 @@ func (p *Pipeline) Handler(nodes Nodes) http.Handler {
 					return
 				}
 			} else {
-				v = model.View{Kind: model.KindProxyless, Network: q.Get("network"), Networks: q.Get("requested"), Cluster: q.Get("cluster_id")}
+				v = model.View{Kind: model.KindProxyless, Network: q.Get("network"), Networks: q.Get("requested"), Cluster: q.Get("cluster_id"), Locality: q.Get("locality")}
 				switch q.Get("kind") {
 				case "", "proxyless":
 				case "envoy":

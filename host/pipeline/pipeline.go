@@ -15,6 +15,10 @@
 //     weights so that traffic splits as if the client reached every
 //     endpoint directly (see Build).
 //
+// With locality failover on for the service and a view that carries the
+// client's locality, it then gives every group a priority relative to
+// that locality (prioritize: Istio's locality failover).
+//
 // Given a Trace, it records every step of that for every endpoint as it
 // takes it: `estuary explain` and /debug/networkz print the trace, so they
 // show what the xDS server sends because they ran the same code, not a
@@ -43,6 +47,8 @@ type Pipeline struct {
 	agg    *aggregate.Registry
 	nets   *network.Manager // nil: one network, no gateway
 	logger hclog.Logger
+	// locality is the mesh's locality failover, set before serving.
+	locality LocalityPolicy
 }
 
 // New returns the pipeline over agg. nets may be nil: a mesh of one
@@ -203,6 +209,17 @@ func (p *Pipeline) Build(sc *Scratch, v model.View, c Cluster, tr *Trace) ([]mod
 		groups = p.filter(sc, snap, v, groups, tr)
 	default:
 		groups = oneNetwork(groups, tr)
+	}
+	// Last, once gateways have replaced remote endpoints within their
+	// locality group, so that they keep its priority.
+	switch {
+	case v.Kind == model.KindRouter || v.Locality == "":
+	case !svc.LocalityFailover.Enabled(p.locality.Enabled):
+		if tr != nil {
+			tr.Notes = append(tr.Notes, fmt.Sprintf("locality failover is off for this service (service: %s, mesh: %v): one priority", svc.LocalityFailover, p.locality.Enabled))
+		}
+	default:
+		groups = p.prioritize(groups, v.Locality, tr)
 	}
 	return groups, nil
 }

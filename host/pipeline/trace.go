@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,6 +30,11 @@ type Trace struct {
 	// Result is what the node gets, in the order it is sent.
 	Result []SentEndpoint `json:"result"`
 	Notes  []string       `json:"notes,omitempty"`
+	// ClientLocality is the view's locality, and Priorities how each
+	// locality of the result was prioritized relative to it; none when
+	// locality failover did not apply.
+	ClientLocality string             `json:"client_locality,omitempty"`
+	Priorities     []LocalityPriority `json:"priorities,omitempty"`
 
 	snap *network.Snapshot
 	// collecting holds the endpoints as they were collected, before any
@@ -41,6 +47,17 @@ type Trace struct {
 	locality string
 	cur      []int
 	contrib  map[int32][]int
+}
+
+// LocalityPriority is the priority of one locality's group.
+type LocalityPriority struct {
+	Locality string `json:"locality"`
+	// Raw is Istio's priority (0 same subzone, 1 same zone, 2 same region,
+	// 3 another region, 4 another region than the failover rule's);
+	// Priority is what is sent, the raw ones in use made consecutive.
+	Raw      int    `json:"raw"`
+	Priority uint32 `json:"priority"`
+	Match    string `json:"match"`
 }
 
 // TracedEndpoint is one registry endpoint of the cluster and what became
@@ -77,6 +94,7 @@ type SentEndpoint struct {
 	Network  string `json:"network,omitempty"`
 	Cluster  string `json:"cluster,omitempty"`
 	Gateway  bool   `json:"gateway"`
+	Priority uint32 `json:"priority"`
 	// From lists, by index in Endpoints, the registry endpoints behind it:
 	// the endpoint itself, or those a gateway stands in for.
 	From       []int  `json:"from"`
@@ -93,6 +111,7 @@ func (tr *Trace) begin(v model.View, c Cluster, snap *network.Snapshot) {
 	tr.Generation, tr.MultiNetwork, tr.ScaleFactor = snap.Generation(), snap.MultiNetwork(), snap.ScaleFactor()
 	tr.Endpoints, tr.Result, tr.Notes = []TracedEndpoint{}, []SentEndpoint{}, nil
 	tr.collecting, tr.byLocality, tr.contrib = nil, map[string][]int{}, map[int32][]int{}
+	tr.ClientLocality, tr.Priorities = v.Locality, nil
 	switch {
 	case v.Kind == model.KindRouter:
 		tr.Notes = append(tr.Notes, "an east-west gateway: it forwards to endpoints on its own network in Istio mTLS mode, weights unchanged")
@@ -189,6 +208,23 @@ func (tr *Trace) gateway(j int32, gw *network.Gateway, sum uint64, w uint32) {
 		Endpoint: gw.String(), Locality: tr.locality, Weight: w, Network: gw.Network, Cluster: gw.Cluster,
 		Gateway: true, From: from, Arithmetic: arith,
 	})
+}
+
+// prioritized records the priority of a locality's group.
+func (tr *Trace) prioritized(locality string, raw int, prio uint32, why string) {
+	tr.Priorities = append(tr.Priorities, LocalityPriority{Locality: locality, Raw: raw, Priority: prio, Match: why})
+	for i := range tr.Result {
+		if tr.Result[i].Locality == locality {
+			tr.Result[i].Priority = prio
+		}
+	}
+}
+
+// sortResultByPriority puts the result in the order it is sent once
+// groups are ordered by priority.
+func (tr *Trace) sortResultByPriority() {
+	slices.SortStableFunc(tr.Result, func(a, b SentEndpoint) int { return int(a.Priority) - int(b.Priority) })
+	slices.SortStableFunc(tr.Priorities, func(a, b LocalityPriority) int { return int(a.Priority) - int(b.Priority) })
 }
 
 func weightArithmetic(w, scale uint32) string {

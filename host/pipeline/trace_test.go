@@ -173,7 +173,13 @@ func checkTrace(t *testing.T, p *Pipeline, v model.View, name string) {
 // view.
 func TestBuildAllocations(t *testing.T) {
 	p := richWorld(t)
+	p.SetLocality(LocalityPolicy{Enabled: true, Failover: []FailoverRule{{From: "us-east1", To: "us-west1"}}})
+	views := slices.Clone(traceViews)
 	for _, v := range traceViews {
+		v.Locality = "us-east1/us-east1-b/s1" // priorities too
+		views = append(views, v)
+	}
+	for _, v := range views {
 		name := model.ClusterName(8080, "", meshtest.Echo)
 		if v.Kind == model.KindRouter {
 			name = model.SNIClusterName(8080, "", meshtest.Echo)

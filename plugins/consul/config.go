@@ -32,6 +32,7 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "address", Type: "string", Description: `HTTP address of the Consul agent, "host:port", "https://host:port" or "unix:///path"; default CONSUL_HTTP_ADDR, else localhost:8500, as the consul CLI`},
 	{Name: "scheme", Type: "string", Description: `"http" (default) or "https"`},
 	{Name: "datacenters", Type: "list(string)", Description: "datacenters to watch, one instance each; empty means the agent's own"},
+	{Name: "peers", Type: "list(string)", Description: `cluster peers whose imported services to watch (?peer=NAME), one instance each, Cluster = the peer's name; "*" is every peering the agent lists when the config is applied`},
 	{Name: "token", Type: "string", Sensitive: true, Description: "ACL token; sensitive: never shown or logged. Default CONSUL_HTTP_TOKEN"},
 	{Name: "token_file", Type: "string", Sensitive: true, Description: "file holding the ACL token, re-read when Consul answers 403; sensitive"},
 	{Name: "ca_file", Type: "string", Description: "PEM CA bundle that signs the agent's HTTPS certificate"},
@@ -54,6 +55,7 @@ type config struct {
 	Address      *string       `json:"address"`
 	Scheme       *string       `json:"scheme"`
 	Datacenters  []string      `json:"datacenters"`
+	Peers        []string      `json:"peers"`
 	Token        *string       `json:"token"`
 	TokenFile    *string       `json:"token_file"`
 	CAFile       *string       `json:"ca_file"`
@@ -80,6 +82,8 @@ type settings struct {
 	token        string
 	tokenFile    string
 	datacenters  []string // empty: the agent's own
+	peers        []string // peers named in the config
+	allPeers     bool     // "*": every peering the agent lists
 	domainSuffix string
 	namespace    string // the services' namespace
 	warning      bool   // include warning instances
@@ -152,6 +156,25 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 		}
 	}
 
+	seenPeer := map[string]bool{}
+	for i, peer := range cfg.Peers {
+		path := []string{"peers", strconv.Itoa(i)}
+		switch {
+		case peer == "*":
+			s.allPeers = true
+		case strings.TrimSpace(peer) == "":
+			diags.Errorf(path, "peer name must not be empty")
+		case seenPeer[peer]:
+			diags.Errorf(path, "peer %q is listed twice", peer)
+		case seen[peer]:
+			// Both would be the instance of Cluster = the name.
+			diags.Errorf(path, "peer %q has the name of a listed datacenter: both would be instance %q", peer, peer)
+		default:
+			seenPeer[peer] = true
+			s.peers = append(s.peers, peer)
+		}
+	}
+
 	// Token: explicit settings replace the environment's as a pair.
 	if cfg.Token != nil || cfg.TokenFile != nil {
 		s.token, s.tokenFile = "", ""
@@ -194,6 +217,15 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 	s.namespace = s.api.Namespace
 	if s.namespace == "" {
 		s.namespace = "default"
+	}
+	// Consul CE refuses any ns or partition parameter, "default" too (400,
+	// "Namespaces are a Consul Enterprise feature"), and Enterprise takes
+	// an absent one as the default: so "default" is not sent, and a block
+	// written for Enterprise's default namespace works on CE as well.
+	for _, v := range []*string{&s.api.Namespace, &s.api.Partition} {
+		if *v == "default" {
+			*v = ""
+		}
 	}
 	if cfg.DomainSuffix != nil {
 		suffix := strings.Trim(*cfg.DomainSuffix, ".")

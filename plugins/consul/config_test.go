@@ -169,3 +169,30 @@ func TestTokenNeverInDiagnostics(t *testing.T) {
 		t.Errorf("diagnostics quote the token: %v", diags)
 	}
 }
+
+// TestConfigPeers: peers are names, once each, never a listed
+// datacenter's (both would be the instance of that cluster); "*" asks the
+// agent for every peering.
+func TestConfigPeers(t *testing.T) {
+	s, diags := decodeConfig(t, `
+datacenters = ["dc1"]
+peers       = ["*", "east"]
+`, sdk.MeshSettings{})
+	if diags.HasErrors() || !s.allPeers || !slices.Equal(s.peers, []string{"east"}) {
+		t.Errorf("peers %v all %v: %v", s.peers, s.allPeers, diags)
+	}
+	_, diags = decodeConfig(t, `
+datacenters = ["dc1"]
+peers       = ["east", "", "east", "dc1"]
+`, sdk.MeshSettings{})
+	got := diags.Error()
+	for _, want := range []string{
+		"peers.1: peer name must not be empty",
+		`peers.2: peer "east" is listed twice`,
+		`peers.3: peer "dc1" has the name of a listed datacenter: both would be instance "dc1"`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diagnostics lack %q:\n%s", want, got)
+		}
+	}
+}

@@ -219,9 +219,17 @@ func (r *run) main(context.Context) {
 		}
 		dcs = []string{dc}
 	}
-	r.p.retain(dcs)
+	peers, ok := r.peers(dcs)
+	if !ok {
+		return
+	}
+	r.p.retain(append(slices.Clone(dcs), peers...))
 	for _, name := range dcs {
-		d := r.newDatacenter(name)
+		d := r.newDatacenter(name, false)
+		r.wg.Go(func() { d.watchCatalog(r.ctx) })
+	}
+	for _, name := range peers {
+		d := r.newDatacenter(name, true)
 		r.wg.Go(func() { d.watchCatalog(r.ctx) })
 	}
 	// Every datacenter is declared (newDatacenter did it): only now may a
@@ -229,6 +237,57 @@ func (r *run) main(context.Context) {
 	// an agent that is down keeps the last-known services served.
 	r.p.rt.State.InstanceSetComplete()
 	<-r.ctx.Done()
+}
+
+// peers are the cluster peers to watch: those of the config and, with
+// "*", every peering the agent lists, retrying until it answers or the
+// run ends. A listed peering whose name is a watched datacenter's is
+// skipped, with a warning: both would be the instance of that cluster.
+// A peering being deleted or terminated exports nothing any more.
+func (r *run) peers(dcs []string) ([]string, bool) {
+	peers := slices.Clone(r.s.peers)
+	if !r.s.allPeers {
+		return peers, true
+	}
+	bo := newBackoff()
+	last := ""
+	for {
+		if err := r.limiter.Wait(r.ctx); err != nil {
+			return nil, false
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+		list, _, err := r.client.Peerings().List(ctx, r.query(ctx, 0))
+		cancel()
+		if r.ctx.Err() != nil {
+			return nil, false
+		}
+		if err == nil {
+			for _, p := range list {
+				switch {
+				case p.State == api.PeeringStateDeleting || p.State == api.PeeringStateTerminated || slices.Contains(peers, p.Name):
+				case slices.Contains(dcs, p.Name):
+					r.p.log.Warn("peering has the name of a watched datacenter; not watched", "cluster", p.Name)
+				default:
+					peers = append(peers, p.Name)
+				}
+			}
+			if last != "" {
+				r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Healthy: true})
+			}
+			slices.Sort(peers)
+			return peers, true
+		}
+		err = r.explain(r.ctx, err)
+		if msg := describe(err); msg != last {
+			r.p.log.Error("cannot list the agent's peerings (peers = [\"*\"])", "error", msg)
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Message: fmt.Sprintf("cannot list the peerings of %s: %s", r.s.api.Address, msg)})
+			last = msg
+		}
+		r.reloadToken(err)
+		if bo.Wait(r.ctx) != nil {
+			return nil, false
+		}
+	}
 }
 
 // retain removes the instances of datacenters the config no longer lists.

@@ -27,6 +27,9 @@ const (
 	// loopInterval is the least time between two requests of one watch
 	// loop, so a service that changes all the time cannot spin it.
 	loopInterval = 100 * time.Millisecond
+	// peerListInterval is how often a peer's imported service names are
+	// asked for: Consul has no blocking query for them.
+	peerListInterval = 2 * time.Second
 )
 
 // nextIndex applies Consul's rules for blocking-query indexes: prev is the

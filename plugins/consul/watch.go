@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/time/rate"
 
@@ -17,10 +18,14 @@ import (
 // maxNotices bounds the notices of one instance.
 const maxNotices = 100
 
-// datacenter watches one Consul datacenter and publishes it as one instance.
+// datacenter watches one Consul datacenter, or the services imported
+// from one cluster peer, and publishes it as one instance.
 type datacenter struct {
-	r     *run
-	name  string
+	r    *run
+	name string
+	// peer is true when name is a cluster peer's: queries ask the local
+	// datacenter for what the peer exports (?peer=NAME).
+	peer  bool
 	id    sdk.InstanceID
 	state *sdk.State
 	log   hclog.Logger
@@ -52,10 +57,10 @@ type watch struct {
 	err    error // last request's error, nil once it succeeds
 }
 
-func (r *run) newDatacenter(name string) *datacenter {
+func (r *run) newDatacenter(name string, peer bool) *datacenter {
 	id := sdk.InstanceID{Provider: sdk.ProviderConsul, Cluster: name}
 	d := &datacenter{
-		r: r, name: name, id: id, state: r.p.rt.State,
+		r: r, name: name, peer: peer, id: id, state: r.p.rt.State,
 		log: r.p.log.With("cluster", name),
 		opts: convertOptions{
 			datacenter: name, domainSuffix: r.s.domainSuffix, namespace: r.s.namespace, warning: r.s.warning,
@@ -79,6 +84,9 @@ func (r *run) newDatacenter(name string) *datacenter {
 func (d *datacenter) watchCatalog(ctx context.Context) {
 	defer d.stopWatches()
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
+	if d.peer {
+		loop = rate.NewLimiter(rate.Every(peerListInterval), 1) // listServices
+	}
 	bo := newBackoff()
 	var index uint64
 	// relist makes the next list a consistent read. Right after a restart
@@ -91,8 +99,9 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		q.Datacenter, q.RequireConsistent = d.name, relist && index == 0
-		services, meta, err := d.r.client.Catalog().Services(q)
+		d.scope(q)
+		q.RequireConsistent = relist && index == 0
+		services, meta, err := d.listServices(q)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -118,6 +127,52 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 		}
 		d.applyCatalog(ctx, services, meta.ResultsFilteredByACLs)
 	}
+}
+
+// scope points a query at the datacenter, or at what the peer exports
+// to the local one.
+func (d *datacenter) scope(q *api.QueryOptions) {
+	if d.peer {
+		q.Peer = d.name
+		return
+	}
+	q.Datacenter = d.name
+}
+
+// subject names the instance in health messages and notices.
+func (d *datacenter) subject() string {
+	if d.peer {
+		return "peer " + d.name
+	}
+	return "datacenter " + d.name
+}
+
+// listServices lists the datacenter's services, or those imported from
+// the peer. Consul's service list ignores ?peer= (it answers with the
+// local catalog), and CE's /v1/imported-services lists nothing, so a
+// peer's services are the imported services of its peering's stream
+// status. That is not a blocking query: it is asked again every
+// peerListInterval, while each service's instances are watched with
+// blocking queries as a datacenter's. The list carries no tags:
+// tag_filter applies to a peer's instances, in the health query.
+func (d *datacenter) listServices(q *api.QueryOptions) (map[string][]string, *api.QueryMeta, error) {
+	if !d.peer {
+		return d.r.client.Catalog().Services(q)
+	}
+	q.Peer, q.WaitIndex = "", 0
+	peering, meta, err := d.r.client.Peerings().Read(q.Context(), d.name, q)
+	if err != nil {
+		return nil, nil, err
+	}
+	if peering == nil {
+		return nil, nil, fmt.Errorf("%w: the agent has no peering %q", errNoPeering, d.name)
+	}
+	out := map[string][]string{}
+	for _, s := range peering.StreamStatus.ImportedServices {
+		out[s] = d.r.s.tagFilter
+	}
+	meta.LastIndex = 1 // a constant index: never a reset, and WaitIndex is dropped above
+	return out, meta, nil
 }
 
 // wait takes a token from the loop's limiter and from the run's.
@@ -238,7 +293,8 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		q.Datacenter, q.RequireConsistent = d.name, relist && index == 0
+		d.scope(q)
+		q.RequireConsistent = relist && index == 0
 		entries, meta, err := d.r.client.Health().ServiceMultipleTags(w.name, d.r.s.tagFilter, false, q)
 		cancel()
 		if ctx.Err() != nil {
@@ -388,18 +444,18 @@ func (d *datacenter) healthLocked() {
 	switch {
 	case d.catalogErr != nil:
 		h.Healthy = false
-		h.Message = fmt.Sprintf("datacenter %s: list services: %s; serving the last-known state", d.name, describe(d.catalogErr))
+		h.Message = fmt.Sprintf("%s: list services: %s; serving the last-known state", d.subject(), describe(d.catalogErr))
 	case len(failing) > 0:
 		first := slices.MinFunc(failing, func(a, b *watch) int { return cmp.Compare(a.name, b.name) })
 		h.Healthy = false
-		h.Message = fmt.Sprintf("datacenter %s: watch of %d of %d services failing, first %s: %s; serving the last-known state",
-			d.name, len(failing), len(d.watches), first.name, describe(first.err))
+		h.Message = fmt.Sprintf("%s: watch of %d of %d services failing, first %s: %s; serving the last-known state",
+			d.subject(), len(failing), len(d.watches), first.name, describe(first.err))
 	case !d.listed:
 		return // nothing known yet either way
 	default:
-		h.Message = fmt.Sprintf("datacenter %s: watching %d services", d.name, len(d.watches))
+		h.Message = fmt.Sprintf("%s: watching %d services", d.subject(), len(d.watches))
 	}
-	subject := "datacenter " + d.name
+	subject := d.subject()
 	if len(d.overflow) > 0 {
 		h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: fmt.Sprintf(
 			"%d services are not watched because max_watchers is %d; first unwatched: %s",

@@ -68,6 +68,7 @@ var schema = &sdk.Schema{
 				{Name: "labels", Type: "map(string)"},
 				{Name: "export_to", Type: "list(string)"},
 				{Name: "mtls_mode", Type: "string", Description: "STRICT, PERMISSIVE or DISABLE: this service's workload mTLS mode, over mesh.mtls"},
+				{Name: "locality_failover", Type: "bool", Description: "overrides mesh.locality_failover for this service: clients get its endpoints in priorities by locality"},
 			},
 			Blocks: []sdk.Block{
 				{TypeName: "port", Labels: []string{"name"}, Body: sdk.Schema{Attributes: []sdk.Attribute{
@@ -104,6 +105,7 @@ type serviceConfig struct {
 	Labels       map[string]string `json:"labels"`
 	ExportTo     []string          `json:"export_to"`
 	MTLSMode     *string           `json:"mtls_mode"`
+	Locality     *bool             `json:"locality_failover"`
 	Ports        []portConfig      `json:"port"`
 	Endpoints    []endpointConfig  `json:"endpoint"`
 }
@@ -221,6 +223,8 @@ func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.D
 		Labels:       sc.Labels,
 		MeshExternal: sdk.ValueOr(sc.MeshExternal, false),
 		ExportTo:     sc.ExportTo,
+		// nil follows the mesh: the host resolves it against mesh.locality_failover.
+		LocalityFailover: sdk.LocalityFailoverOf(sc.Locality),
 	}
 	if len(sc.Addresses) > 0 {
 		svc.VIPs = map[string][]string{cluster: sc.Addresses}

@@ -52,7 +52,7 @@ func effectiveConfig(f *config.File, running func(label string) (*config.Plugin,
 		}
 		plugins = append(plugins, v)
 	}
-	return map[string]any{
+	out := map[string]any{
 		"file": f.Filename,
 		"mesh": struct {
 			config.Mesh
@@ -62,6 +62,10 @@ func effectiveConfig(f *config.File, running func(label string) (*config.Plugin,
 		"admin":   humanDurations(f.Admin),
 		"plugins": plugins,
 	}
+	if f.Locality.Failover != nil { // written in the mesh block
+		out["locality"] = f.Locality
+	}
+	return out
 }
 
 // humanDurations returns v (a config struct) as JSON would encode it,

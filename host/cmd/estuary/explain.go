@@ -90,15 +90,21 @@ func printExplanation(w io.Writer, ex *pipeline.Explanation) {
 	}
 	fmt.Fprintf(w, "\nWHAT THE NODE GETS (%d)\n", len(ex.Result))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENDPOINT\tWEIGHT\tLOCALITY\tNETWORK\tCLUSTER\tWEIGHT ARITHMETIC")
+	fmt.Fprintln(tw, "ENDPOINT\tWEIGHT\tLOCALITY\tNETWORK\tCLUSTER\tWEIGHT ARITHMETIC\tPRIORITY")
 	for _, r := range ex.Result {
 		arith := r.Arithmetic
 		if r.Gateway {
 			arith = "gateway: " + arith
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", r.Endpoint, r.Weight, r.Locality, r.Network, r.Cluster, arith)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\n", r.Endpoint, r.Weight, r.Locality, r.Network, r.Cluster, arith, r.Priority)
 	}
 	tw.Flush()
+	if len(ex.Priorities) > 0 {
+		fmt.Fprintf(w, "\nPRIORITIES RELATIVE TO THE CLIENT'S LOCALITY %s (locality failover)\n", ex.ClientLocality)
+		for _, p := range ex.Priorities {
+			fmt.Fprintf(w, "priority %d  %s: %s (Istio's raw priority %d)\n", p.Priority, p.Locality, p.Match, p.Raw)
+		}
+	}
 	if ex.Node != "" {
 		fmt.Fprintln(w)
 		if diff := compareReceived(ex); diff == "" {

@@ -52,9 +52,9 @@ func proxyConfig(args []string) int {
 		return 1
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENDPOINT\tSTATUS\tWEIGHT\tLOCALITY\tNETWORK\tREGISTRY CLUSTER\tCLUSTER")
+	fmt.Fprintln(tw, "ENDPOINT\tSTATUS\tWEIGHT\tLOCALITY\tNETWORK\tREGISTRY CLUSTER\tCLUSTER\tPRIORITY")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Endpoint, r.Health, r.Weight, r.Locality, r.Network, r.Registry, r.Cluster)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\n", r.Endpoint, r.Health, r.Weight, r.Locality, r.Network, r.Registry, r.Cluster, r.Priority)
 	}
 	tw.Flush()
 	return 0

@@ -147,10 +147,12 @@ func newServer(path string, file *config.File, self string, logger hclog.Logger,
 	netCfg, _ := loadNetworks(file)                      // load validated it
 	h.nets.Apply(netCfg)
 	eds := pipeline.New(agg, h.nets, logger) // what EDS and explain read
+	eds.SetLocality(localityPolicy(file.Locality))
 	xo := xdsOptions(file.XDS)
 	xo.MTLS = meshMTLS(file.Mesh)
 	xo.Visibility = visibility.Rules{Default: file.DefaultServiceExportTo}
-	xo.Ready = h.ready // xDS answers no one before /readyz is first true
+	xo.LocalityViews = file.Locality.Failover != nil // views keyed by locality only if it can matter
+	xo.Ready = h.ready                               // xDS answers no one before /readyz is first true
 	h.xds = xds.New(xo,
 		agg, eds, // what it reads: the merged services, the endpoint pipeline
 		h.nets, // what it follows
@@ -324,6 +326,9 @@ func (h *server) reload() {
 	if !slices.Equal(next.DefaultServiceExportTo, file.DefaultServiceExportTo) {
 		h.logger.Warn("mesh default_service_export_to changes only on restart")
 	}
+	if !reflect.DeepEqual(next.Locality, file.Locality) {
+		h.logger.Warn("mesh locality_failover and failover change only on restart")
+	}
 	if d := h.sup.Apply(next); d.HasErrors() {
 		h.logger.Error("some plugins kept their previous config", "errors", "\n"+config.Format(d))
 	}
@@ -362,4 +367,14 @@ func (f *failures) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.why)
+}
+
+// localityPolicy is the endpoint pipeline's view of the mesh's locality
+// failover.
+func localityPolicy(l config.Locality) pipeline.LocalityPolicy {
+	lp := pipeline.LocalityPolicy{Enabled: l.Failover != nil && *l.Failover}
+	for _, r := range l.Rules {
+		lp.Failover = append(lp.Failover, pipeline.FailoverRule{From: r.From, To: r.To})
+	}
+	return lp
 }

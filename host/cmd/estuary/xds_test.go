@@ -74,10 +74,17 @@ func xdsClient(t *testing.T, xdsAddr, nodeID, target string) testgrpc.TestServic
 // own xDS client, as a proxyless node on network in cluster.
 func xdsConn(t *testing.T, xdsAddr, nodeID, target, network, cluster string) *grpc.ClientConn {
 	t.Helper()
+	return dialXDS(t, xdsAddr, target, fmt.Sprintf(`{"id": %q, "metadata": {"GENERATOR": "grpc", "NETWORK": %q, "CLUSTER_ID": %q}}`, nodeID, network, cluster))
+}
+
+// dialXDS is a channel to xds:///target through estuary with grpc-go's
+// own xDS client, whose bootstrap has node, a JSON object.
+func dialXDS(t *testing.T, xdsAddr, target, node string) *grpc.ClientConn {
+	t.Helper()
 	bootstrap := fmt.Sprintf(`{
   "xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-  "node": {"id": %q, "metadata": {"GENERATOR": "grpc", "NETWORK": %q, "CLUSTER_ID": %q}}
-}`, xdsAddr, nodeID, network, cluster)
+  "node": %s
+}`, xdsAddr, node)
 	rb, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {
 		t.Fatal(err)

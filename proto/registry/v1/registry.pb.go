@@ -219,6 +219,56 @@ func (Severity) EnumDescriptor() ([]byte, []int) {
 	return file_registry_v1_registry_proto_rawDescGZIP(), []int{2}
 }
 
+// LocalityFailover is a service's choice about locality failover.
+type LocalityFailover int32
+
+const (
+	LocalityFailover_LOCALITY_FAILOVER_MESH LocalityFailover = 0 // follow mesh.locality_failover
+	LocalityFailover_LOCALITY_FAILOVER_ON   LocalityFailover = 1 // priorities by locality for this service
+	LocalityFailover_LOCALITY_FAILOVER_OFF  LocalityFailover = 2 // one priority for this service, whatever the mesh says
+)
+
+// Enum value maps for LocalityFailover.
+var (
+	LocalityFailover_name = map[int32]string{
+		0: "LOCALITY_FAILOVER_MESH",
+		1: "LOCALITY_FAILOVER_ON",
+		2: "LOCALITY_FAILOVER_OFF",
+	}
+	LocalityFailover_value = map[string]int32{
+		"LOCALITY_FAILOVER_MESH": 0,
+		"LOCALITY_FAILOVER_ON":   1,
+		"LOCALITY_FAILOVER_OFF":  2,
+	}
+)
+
+func (x LocalityFailover) Enum() *LocalityFailover {
+	p := new(LocalityFailover)
+	*p = x
+	return p
+}
+
+func (x LocalityFailover) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LocalityFailover) Descriptor() protoreflect.EnumDescriptor {
+	return file_registry_v1_registry_proto_enumTypes[3].Descriptor()
+}
+
+func (LocalityFailover) Type() protoreflect.EnumType {
+	return &file_registry_v1_registry_proto_enumTypes[3]
+}
+
+func (x LocalityFailover) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LocalityFailover.Descriptor instead.
+func (LocalityFailover) EnumDescriptor() ([]byte, []int) {
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+}
+
 // MTLSMode is a service's own workload mTLS mode; the values are the
 // mesh's (plugins.hcl mesh { mtls }).
 type MTLSMode int32
@@ -262,11 +312,11 @@ func (x MTLSMode) String() string {
 }
 
 func (MTLSMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_registry_v1_registry_proto_enumTypes[3].Descriptor()
+	return file_registry_v1_registry_proto_enumTypes[4].Descriptor()
 }
 
 func (MTLSMode) Type() protoreflect.EnumType {
-	return &file_registry_v1_registry_proto_enumTypes[3]
+	return &file_registry_v1_registry_proto_enumTypes[4]
 }
 
 func (x MTLSMode) Number() protoreflect.EnumNumber {
@@ -275,7 +325,7 @@ func (x MTLSMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MTLSMode.Descriptor instead.
 func (MTLSMode) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{4}
 }
 
 // Resolution says how a client resolves a service's endpoints.
@@ -322,11 +372,11 @@ func (x Resolution) String() string {
 }
 
 func (Resolution) Descriptor() protoreflect.EnumDescriptor {
-	return file_registry_v1_registry_proto_enumTypes[4].Descriptor()
+	return file_registry_v1_registry_proto_enumTypes[5].Descriptor()
 }
 
 func (Resolution) Type() protoreflect.EnumType {
-	return &file_registry_v1_registry_proto_enumTypes[4]
+	return &file_registry_v1_registry_proto_enumTypes[5]
 }
 
 func (x Resolution) Number() protoreflect.EnumNumber {
@@ -335,7 +385,7 @@ func (x Resolution) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Resolution.Descriptor instead.
 func (Resolution) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{4}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{5}
 }
 
 // TLSMode of a workload.
@@ -371,11 +421,11 @@ func (x TLSMode) String() string {
 }
 
 func (TLSMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_registry_v1_registry_proto_enumTypes[5].Descriptor()
+	return file_registry_v1_registry_proto_enumTypes[6].Descriptor()
 }
 
 func (TLSMode) Type() protoreflect.EnumType {
-	return &file_registry_v1_registry_proto_enumTypes[5]
+	return &file_registry_v1_registry_proto_enumTypes[6]
 }
 
 func (x TLSMode) Number() protoreflect.EnumNumber {
@@ -384,7 +434,7 @@ func (x TLSMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TLSMode.Descriptor instead.
 func (TLSMode) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{5}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{6}
 }
 
 // Health of an endpoint.
@@ -424,11 +474,11 @@ func (x Health) String() string {
 }
 
 func (Health) Descriptor() protoreflect.EnumDescriptor {
-	return file_registry_v1_registry_proto_enumTypes[6].Descriptor()
+	return file_registry_v1_registry_proto_enumTypes[7].Descriptor()
 }
 
 func (Health) Type() protoreflect.EnumType {
-	return &file_registry_v1_registry_proto_enumTypes[6]
+	return &file_registry_v1_registry_proto_enumTypes[7]
 }
 
 func (x Health) Number() protoreflect.EnumNumber {
@@ -437,7 +487,7 @@ func (x Health) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Health.Descriptor instead.
 func (Health) EnumDescriptor() ([]byte, []int) {
-	return file_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+	return file_registry_v1_registry_proto_rawDescGZIP(), []int{7}
 }
 
 // DescribeRequest is empty today; fields may be added.
@@ -2126,9 +2176,14 @@ type Service struct {
 	// means "this cluster only", as Kubernetes MCS does for cluster.local
 	// when only clusterset.local spans clusters (Istio's
 	// ENABLE_MCS_CLUSTER_LOCAL, meshConfig serviceSettings clusterLocal).
-	ClusterLocal  bool `protobuf:"varint,15,opt,name=cluster_local,json=clusterLocal,proto3" json:"cluster_local,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ClusterLocal bool `protobuf:"varint,15,opt,name=cluster_local,json=clusterLocal,proto3" json:"cluster_local,omitempty"`
+	// locality_failover overrides, for this service, the mesh's
+	// locality_failover: whether each client receives the service's
+	// endpoints in priorities by how near their locality is to its own
+	// (Istio's locality failover). MESH (unset) follows the mesh.
+	LocalityFailover LocalityFailover `protobuf:"varint,16,opt,name=locality_failover,json=localityFailover,proto3,enum=estuary.registry.v1.LocalityFailover" json:"locality_failover,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -2264,6 +2319,13 @@ func (x *Service) GetClusterLocal() bool {
 		return x.ClusterLocal
 	}
 	return false
+}
+
+func (x *Service) GetLocalityFailover() LocalityFailover {
+	if x != nil {
+		return x.LocalityFailover
+	}
+	return LocalityFailover_LOCALITY_FAILOVER_MESH
 }
 
 // Port is one port of a service.
@@ -2824,7 +2886,7 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\anotices\x18\x03 \x03(\v2\x1b.estuary.registry.v1.NoticeR\anotices\"<\n" +
 	"\x06Notice\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\x96\x06\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xea\x06\n" +
 	"\aService\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2844,7 +2906,8 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\x11subject_alt_names\x18\f \x03(\tR\x0fsubjectAltNames\x12:\n" +
 	"\tmtls_mode\x18\r \x01(\x0e2\x1d.estuary.registry.v1.MTLSModeR\bmtlsMode\x12(\n" +
 	"\x10mtls_mode_source\x18\x0e \x01(\tR\x0emtlsModeSource\x12#\n" +
-	"\rcluster_local\x18\x0f \x01(\bR\fclusterLocal\x1a9\n" +
+	"\rcluster_local\x18\x0f \x01(\bR\fclusterLocal\x12R\n" +
+	"\x11locality_failover\x18\x10 \x01(\x0e2%.estuary.registry.v1.LocalityFailoverR\x10localityFailover\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -2907,7 +2970,11 @@ const file_registry_v1_registry_proto_rawDesc = "" +
 	"\bSeverity\x12\x18\n" +
 	"\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSEVERITY_ERROR\x10\x01\x12\x14\n" +
-	"\x10SEVERITY_WARNING\x10\x02*f\n" +
+	"\x10SEVERITY_WARNING\x10\x02*c\n" +
+	"\x10LocalityFailover\x12\x1a\n" +
+	"\x16LOCALITY_FAILOVER_MESH\x10\x00\x12\x18\n" +
+	"\x14LOCALITY_FAILOVER_ON\x10\x01\x12\x19\n" +
+	"\x15LOCALITY_FAILOVER_OFF\x10\x02*f\n" +
 	"\bMTLSMode\x12\x13\n" +
 	"\x0fMTLS_MODE_UNSET\x10\x00\x12\x14\n" +
 	"\x10MTLS_MODE_STRICT\x10\x01\x12\x18\n" +
@@ -2943,107 +3010,109 @@ func file_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_registry_v1_registry_proto_rawDescData
 }
 
-var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_registry_v1_registry_proto_goTypes = []any{
 	(Capability)(0),            // 0: estuary.registry.v1.Capability
 	(Nesting)(0),               // 1: estuary.registry.v1.Nesting
 	(Severity)(0),              // 2: estuary.registry.v1.Severity
-	(MTLSMode)(0),              // 3: estuary.registry.v1.MTLSMode
-	(Resolution)(0),            // 4: estuary.registry.v1.Resolution
-	(TLSMode)(0),               // 5: estuary.registry.v1.TLSMode
-	(Health)(0),                // 6: estuary.registry.v1.Health
-	(*DescribeRequest)(nil),    // 7: estuary.registry.v1.DescribeRequest
-	(*DescribeResponse)(nil),   // 8: estuary.registry.v1.DescribeResponse
-	(*Schema)(nil),             // 9: estuary.registry.v1.Schema
-	(*Attribute)(nil),          // 10: estuary.registry.v1.Attribute
-	(*Block)(nil),              // 11: estuary.registry.v1.Block
-	(*ConfigureRequest)(nil),   // 12: estuary.registry.v1.ConfigureRequest
-	(*MeshSettings)(nil),       // 13: estuary.registry.v1.MeshSettings
-	(*ConfigureResponse)(nil),  // 14: estuary.registry.v1.ConfigureResponse
-	(*Diagnostic)(nil),         // 15: estuary.registry.v1.Diagnostic
-	(*WatchRequest)(nil),       // 16: estuary.registry.v1.WatchRequest
-	(*WatchResponse)(nil),      // 17: estuary.registry.v1.WatchResponse
-	(*InstanceID)(nil),         // 18: estuary.registry.v1.InstanceID
-	(*Event)(nil),              // 19: estuary.registry.v1.Event
-	(*InstanceAdded)(nil),      // 20: estuary.registry.v1.InstanceAdded
-	(*InstanceProperties)(nil), // 21: estuary.registry.v1.InstanceProperties
-	(*InstanceRemoved)(nil),    // 22: estuary.registry.v1.InstanceRemoved
-	(*ServiceUpserted)(nil),    // 23: estuary.registry.v1.ServiceUpserted
-	(*ServiceDeleted)(nil),     // 24: estuary.registry.v1.ServiceDeleted
-	(*EndpointsReplaced)(nil),  // 25: estuary.registry.v1.EndpointsReplaced
-	(*StringMap)(nil),          // 26: estuary.registry.v1.StringMap
-	(*PortMap)(nil),            // 27: estuary.registry.v1.PortMap
-	(*GatewaysReplaced)(nil),   // 28: estuary.registry.v1.GatewaysReplaced
-	(*InstanceSynced)(nil),     // 29: estuary.registry.v1.InstanceSynced
-	(*InstanceHealth)(nil),     // 30: estuary.registry.v1.InstanceHealth
-	(*Notice)(nil),             // 31: estuary.registry.v1.Notice
-	(*Service)(nil),            // 32: estuary.registry.v1.Service
-	(*Port)(nil),               // 33: estuary.registry.v1.Port
-	(*ClusterAddresses)(nil),   // 34: estuary.registry.v1.ClusterAddresses
-	(*ClusterNodePorts)(nil),   // 35: estuary.registry.v1.ClusterNodePorts
-	(*Endpoint)(nil),           // 36: estuary.registry.v1.Endpoint
-	(*NetworkGateway)(nil),     // 37: estuary.registry.v1.NetworkGateway
-	nil,                        // 38: estuary.registry.v1.StringMap.EntriesEntry
-	nil,                        // 39: estuary.registry.v1.PortMap.EntriesEntry
-	nil,                        // 40: estuary.registry.v1.Service.LabelsEntry
-	nil,                        // 41: estuary.registry.v1.ClusterNodePorts.PortsEntry
-	nil,                        // 42: estuary.registry.v1.Endpoint.TargetPortsEntry
-	nil,                        // 43: estuary.registry.v1.Endpoint.LabelsEntry
+	(LocalityFailover)(0),      // 3: estuary.registry.v1.LocalityFailover
+	(MTLSMode)(0),              // 4: estuary.registry.v1.MTLSMode
+	(Resolution)(0),            // 5: estuary.registry.v1.Resolution
+	(TLSMode)(0),               // 6: estuary.registry.v1.TLSMode
+	(Health)(0),                // 7: estuary.registry.v1.Health
+	(*DescribeRequest)(nil),    // 8: estuary.registry.v1.DescribeRequest
+	(*DescribeResponse)(nil),   // 9: estuary.registry.v1.DescribeResponse
+	(*Schema)(nil),             // 10: estuary.registry.v1.Schema
+	(*Attribute)(nil),          // 11: estuary.registry.v1.Attribute
+	(*Block)(nil),              // 12: estuary.registry.v1.Block
+	(*ConfigureRequest)(nil),   // 13: estuary.registry.v1.ConfigureRequest
+	(*MeshSettings)(nil),       // 14: estuary.registry.v1.MeshSettings
+	(*ConfigureResponse)(nil),  // 15: estuary.registry.v1.ConfigureResponse
+	(*Diagnostic)(nil),         // 16: estuary.registry.v1.Diagnostic
+	(*WatchRequest)(nil),       // 17: estuary.registry.v1.WatchRequest
+	(*WatchResponse)(nil),      // 18: estuary.registry.v1.WatchResponse
+	(*InstanceID)(nil),         // 19: estuary.registry.v1.InstanceID
+	(*Event)(nil),              // 20: estuary.registry.v1.Event
+	(*InstanceAdded)(nil),      // 21: estuary.registry.v1.InstanceAdded
+	(*InstanceProperties)(nil), // 22: estuary.registry.v1.InstanceProperties
+	(*InstanceRemoved)(nil),    // 23: estuary.registry.v1.InstanceRemoved
+	(*ServiceUpserted)(nil),    // 24: estuary.registry.v1.ServiceUpserted
+	(*ServiceDeleted)(nil),     // 25: estuary.registry.v1.ServiceDeleted
+	(*EndpointsReplaced)(nil),  // 26: estuary.registry.v1.EndpointsReplaced
+	(*StringMap)(nil),          // 27: estuary.registry.v1.StringMap
+	(*PortMap)(nil),            // 28: estuary.registry.v1.PortMap
+	(*GatewaysReplaced)(nil),   // 29: estuary.registry.v1.GatewaysReplaced
+	(*InstanceSynced)(nil),     // 30: estuary.registry.v1.InstanceSynced
+	(*InstanceHealth)(nil),     // 31: estuary.registry.v1.InstanceHealth
+	(*Notice)(nil),             // 32: estuary.registry.v1.Notice
+	(*Service)(nil),            // 33: estuary.registry.v1.Service
+	(*Port)(nil),               // 34: estuary.registry.v1.Port
+	(*ClusterAddresses)(nil),   // 35: estuary.registry.v1.ClusterAddresses
+	(*ClusterNodePorts)(nil),   // 36: estuary.registry.v1.ClusterNodePorts
+	(*Endpoint)(nil),           // 37: estuary.registry.v1.Endpoint
+	(*NetworkGateway)(nil),     // 38: estuary.registry.v1.NetworkGateway
+	nil,                        // 39: estuary.registry.v1.StringMap.EntriesEntry
+	nil,                        // 40: estuary.registry.v1.PortMap.EntriesEntry
+	nil,                        // 41: estuary.registry.v1.Service.LabelsEntry
+	nil,                        // 42: estuary.registry.v1.ClusterNodePorts.PortsEntry
+	nil,                        // 43: estuary.registry.v1.Endpoint.TargetPortsEntry
+	nil,                        // 44: estuary.registry.v1.Endpoint.LabelsEntry
 }
 var file_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: estuary.registry.v1.DescribeResponse.capabilities:type_name -> estuary.registry.v1.Capability
-	9,  // 1: estuary.registry.v1.DescribeResponse.config_schema:type_name -> estuary.registry.v1.Schema
-	10, // 2: estuary.registry.v1.Schema.attributes:type_name -> estuary.registry.v1.Attribute
-	11, // 3: estuary.registry.v1.Schema.blocks:type_name -> estuary.registry.v1.Block
+	10, // 1: estuary.registry.v1.DescribeResponse.config_schema:type_name -> estuary.registry.v1.Schema
+	11, // 2: estuary.registry.v1.Schema.attributes:type_name -> estuary.registry.v1.Attribute
+	12, // 3: estuary.registry.v1.Schema.blocks:type_name -> estuary.registry.v1.Block
 	1,  // 4: estuary.registry.v1.Block.nesting:type_name -> estuary.registry.v1.Nesting
-	9,  // 5: estuary.registry.v1.Block.body:type_name -> estuary.registry.v1.Schema
-	13, // 6: estuary.registry.v1.ConfigureRequest.mesh:type_name -> estuary.registry.v1.MeshSettings
-	15, // 7: estuary.registry.v1.ConfigureResponse.diagnostics:type_name -> estuary.registry.v1.Diagnostic
+	10, // 5: estuary.registry.v1.Block.body:type_name -> estuary.registry.v1.Schema
+	14, // 6: estuary.registry.v1.ConfigureRequest.mesh:type_name -> estuary.registry.v1.MeshSettings
+	16, // 7: estuary.registry.v1.ConfigureResponse.diagnostics:type_name -> estuary.registry.v1.Diagnostic
 	2,  // 8: estuary.registry.v1.Diagnostic.severity:type_name -> estuary.registry.v1.Severity
-	19, // 9: estuary.registry.v1.WatchResponse.events:type_name -> estuary.registry.v1.Event
-	30, // 10: estuary.registry.v1.WatchResponse.plugin_health:type_name -> estuary.registry.v1.InstanceHealth
-	18, // 11: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
-	20, // 12: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
-	22, // 13: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
-	23, // 14: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
-	24, // 15: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
-	25, // 16: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
-	28, // 17: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
-	29, // 18: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
-	30, // 19: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
-	21, // 20: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
-	32, // 21: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
-	36, // 22: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
-	26, // 23: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
-	27, // 24: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
-	38, // 25: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
-	39, // 26: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
-	37, // 27: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
-	31, // 28: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
-	33, // 29: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
-	34, // 30: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
-	34, // 31: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
-	35, // 32: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
-	40, // 33: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
-	4,  // 34: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
-	3,  // 35: estuary.registry.v1.Service.mtls_mode:type_name -> estuary.registry.v1.MTLSMode
-	41, // 36: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
-	42, // 37: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
-	43, // 38: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
-	5,  // 39: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
-	6,  // 40: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
-	7,  // 41: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
-	12, // 42: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
-	16, // 43: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
-	8,  // 44: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
-	14, // 45: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
-	17, // 46: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
-	44, // [44:47] is the sub-list for method output_type
-	41, // [41:44] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	20, // 9: estuary.registry.v1.WatchResponse.events:type_name -> estuary.registry.v1.Event
+	31, // 10: estuary.registry.v1.WatchResponse.plugin_health:type_name -> estuary.registry.v1.InstanceHealth
+	19, // 11: estuary.registry.v1.Event.instance:type_name -> estuary.registry.v1.InstanceID
+	21, // 12: estuary.registry.v1.Event.instance_added:type_name -> estuary.registry.v1.InstanceAdded
+	23, // 13: estuary.registry.v1.Event.instance_removed:type_name -> estuary.registry.v1.InstanceRemoved
+	24, // 14: estuary.registry.v1.Event.service_upserted:type_name -> estuary.registry.v1.ServiceUpserted
+	25, // 15: estuary.registry.v1.Event.service_deleted:type_name -> estuary.registry.v1.ServiceDeleted
+	26, // 16: estuary.registry.v1.Event.endpoints_replaced:type_name -> estuary.registry.v1.EndpointsReplaced
+	29, // 17: estuary.registry.v1.Event.gateways_replaced:type_name -> estuary.registry.v1.GatewaysReplaced
+	30, // 18: estuary.registry.v1.Event.instance_synced:type_name -> estuary.registry.v1.InstanceSynced
+	31, // 19: estuary.registry.v1.Event.instance_health:type_name -> estuary.registry.v1.InstanceHealth
+	22, // 20: estuary.registry.v1.InstanceAdded.properties:type_name -> estuary.registry.v1.InstanceProperties
+	33, // 21: estuary.registry.v1.ServiceUpserted.service:type_name -> estuary.registry.v1.Service
+	37, // 22: estuary.registry.v1.EndpointsReplaced.endpoints:type_name -> estuary.registry.v1.Endpoint
+	27, // 23: estuary.registry.v1.EndpointsReplaced.label_sets:type_name -> estuary.registry.v1.StringMap
+	28, // 24: estuary.registry.v1.EndpointsReplaced.port_sets:type_name -> estuary.registry.v1.PortMap
+	39, // 25: estuary.registry.v1.StringMap.entries:type_name -> estuary.registry.v1.StringMap.EntriesEntry
+	40, // 26: estuary.registry.v1.PortMap.entries:type_name -> estuary.registry.v1.PortMap.EntriesEntry
+	38, // 27: estuary.registry.v1.GatewaysReplaced.gateways:type_name -> estuary.registry.v1.NetworkGateway
+	32, // 28: estuary.registry.v1.InstanceHealth.notices:type_name -> estuary.registry.v1.Notice
+	34, // 29: estuary.registry.v1.Service.ports:type_name -> estuary.registry.v1.Port
+	35, // 30: estuary.registry.v1.Service.vips:type_name -> estuary.registry.v1.ClusterAddresses
+	35, // 31: estuary.registry.v1.Service.external_addresses:type_name -> estuary.registry.v1.ClusterAddresses
+	36, // 32: estuary.registry.v1.Service.node_ports:type_name -> estuary.registry.v1.ClusterNodePorts
+	41, // 33: estuary.registry.v1.Service.labels:type_name -> estuary.registry.v1.Service.LabelsEntry
+	5,  // 34: estuary.registry.v1.Service.resolution:type_name -> estuary.registry.v1.Resolution
+	4,  // 35: estuary.registry.v1.Service.mtls_mode:type_name -> estuary.registry.v1.MTLSMode
+	3,  // 36: estuary.registry.v1.Service.locality_failover:type_name -> estuary.registry.v1.LocalityFailover
+	42, // 37: estuary.registry.v1.ClusterNodePorts.ports:type_name -> estuary.registry.v1.ClusterNodePorts.PortsEntry
+	43, // 38: estuary.registry.v1.Endpoint.target_ports:type_name -> estuary.registry.v1.Endpoint.TargetPortsEntry
+	44, // 39: estuary.registry.v1.Endpoint.labels:type_name -> estuary.registry.v1.Endpoint.LabelsEntry
+	6,  // 40: estuary.registry.v1.Endpoint.tls_mode:type_name -> estuary.registry.v1.TLSMode
+	7,  // 41: estuary.registry.v1.Endpoint.health:type_name -> estuary.registry.v1.Health
+	8,  // 42: estuary.registry.v1.Registry.Describe:input_type -> estuary.registry.v1.DescribeRequest
+	13, // 43: estuary.registry.v1.Registry.Configure:input_type -> estuary.registry.v1.ConfigureRequest
+	17, // 44: estuary.registry.v1.Registry.Watch:input_type -> estuary.registry.v1.WatchRequest
+	9,  // 45: estuary.registry.v1.Registry.Describe:output_type -> estuary.registry.v1.DescribeResponse
+	15, // 46: estuary.registry.v1.Registry.Configure:output_type -> estuary.registry.v1.ConfigureResponse
+	18, // 47: estuary.registry.v1.Registry.Watch:output_type -> estuary.registry.v1.WatchResponse
+	45, // [45:48] is the sub-list for method output_type
+	42, // [42:45] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_registry_v1_registry_proto_init() }
@@ -3066,7 +3135,7 @@ func file_registry_v1_registry_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_registry_v1_registry_proto_rawDesc), len(file_registry_v1_registry_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -1579,6 +1579,13 @@ func (m *Service) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.LocalityFailover != 0 {
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.LocalityFailover))
+		i--
+		dAtA[i] = 0x1
+		i--
+		dAtA[i] = 0x80
+	}
 	if m.ClusterLocal {
 		i--
 		if m.ClusterLocal {
@@ -2793,6 +2800,9 @@ func (m *Service) SizeVT() (n int) {
 	}
 	if m.ClusterLocal {
 		n += 2
+	}
+	if m.LocalityFailover != 0 {
+		n += 2 + protohelpers.SizeOfVarint(uint64(m.LocalityFailover))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -7035,6 +7045,25 @@ func (m *Service) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.ClusterLocal = bool(v != 0)
+		case 16:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field LocalityFailover", wireType)
+			}
+			m.LocalityFailover = 0
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				m.LocalityFailover |= LocalityFailover(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

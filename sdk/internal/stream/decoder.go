@@ -254,6 +254,7 @@ func decodeService(p *registryv1.Service) *sdk.Service {
 		MTLSMode:          sdk.MTLSMode(p.GetMtlsMode()),
 		MTLSModeSource:    p.GetMtlsModeSource(),
 		ClusterLocal:      p.GetClusterLocal(),
+		LocalityFailover:  sdk.LocalityFailover(p.GetLocalityFailover()),
 	}
 	if ps := p.GetPorts(); len(ps) > 0 {
 		s.Ports = make([]sdk.Port, len(ps))

@@ -314,6 +314,7 @@ func TestDecodeEvents(t *testing.T) {
 		Vips: []*registryv1.ClusterAddresses{{Cluster: "c1", Addresses: []string{"10.96.0.1"}}}, Resolution: registryv1.Resolution_RESOLUTION_DNS,
 		NodePorts: []*registryv1.ClusterNodePorts{{Cluster: "c1", Ports: map[uint32]uint32{80: 30080}}}, ExportTo: []string{"."}, SubjectAltNames: []string{"spiffe://td/ns/a/sa/b"},
 		MtlsMode: registryv1.MTLSMode_MTLS_MODE_DISABLE, MtlsModeSource: "annotation x",
+		LocalityFailover: registryv1.LocalityFailover_LOCALITY_FAILOVER_OFF,
 	}}}}
 	eps := tables(&registryv1.Endpoint{Labels: map[string]string{"inline": "yes"}, TargetPorts: map[string]uint32{"http": 9090},
 		Network: "n2", Locality: "r/z2", ServiceAccount: "sa", Weight: 3, TlsMode: registryv1.TLSMode_TLS_MODE_ISTIO, Health: registryv1.Health_HEALTH_DRAINING, WorkloadName: "w"})
@@ -329,7 +330,8 @@ func TestDecodeEvents(t *testing.T) {
 		{Kind: KindServiceUpserted, Instance: id, Service: &sdk.Service{Hostname: "a.example.com", Namespace: "ns", Name: "a",
 			Ports: []sdk.Port{{Name: "http", Number: 80, Protocol: "HTTP"}}, VIPs: map[string][]string{"c1": {"10.96.0.1"}},
 			NodePorts: map[string]map[uint32]uint32{"c1": {80: 30080}}, Resolution: sdk.ResolutionDNS, ExportTo: []string{"."}, SubjectAltNames: []string{"spiffe://td/ns/a/sa/b"},
-			MTLSMode: sdk.MTLSModeDisable, MTLSModeSource: "annotation x"}},
+			MTLSMode: sdk.MTLSModeDisable, MTLSModeSource: "annotation x",
+			LocalityFailover: sdk.LocalityFailoverOff}},
 		{Kind: KindEndpointsReplaced, Instance: id, Hostname: "a.example.com", Endpoints: &EndpointSet{Endpoints: []Endpoint{
 			{Address: "10.0.0.0", Labels: map[string]string{"app": "a"}, TargetPorts: map[string]uint32{"http": 8080}, Network: "network1", Locality: "r/z"},
 			{Address: "10.0.0.1", Labels: map[string]string{"inline": "yes"}, TargetPorts: map[string]uint32{"http": 9090}, Network: "n2", Locality: "r/z2",
