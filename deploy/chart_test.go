@@ -167,6 +167,10 @@ func TestChartLint(t *testing.T) {
 		{[]string{"plugins.kubernetes.enabled=false"}, "plugins: enable at least one registry"},
 		{[]string{"xds.insecure=true"}, "xds.insecure: plain text is served only with xds.tls.enabled=false"},
 		{[]string{"plugins.consul.enabled=true"}, "plugins.consul.address"},
+		// values.schema.json: a misspelt key, a value out of its set.
+		{[]string{"replicas=3"}, "replicas"},
+		{[]string{"mesh.mtls=strict"}, "/mesh/mtls"},
+		{[]string{"plugins.kubernetes.remoteSyncTimeout=soon"}, "/plugins/kubernetes/remoteSyncTimeout"},
 	} {
 		t.Run(strings.Join(bad.set, ","), func(t *testing.T) {
 			args := []string{"lint", "--strict", chartDir}

@@ -17,9 +17,9 @@
 #
 # crane edits images in registries, so the config is set through a
 # throwaway `crane registry serve` on 127.0.0.1 (in memory, stopped on
-# exit), and the result is pulled from it as an OCI layout, which
-# `docker load`, `podman load`, `skopeo copy oci-archive:` and `crane push`
-# take.
+# exit), and the result is pulled from it as an OCI layout, with a Docker
+# manifest.json beside it: `crane push`, `docker load`, `podman load` and
+# `skopeo copy oci-archive:` take the tarball.
 #
 # Env: VERSION (estuary's version and the image tag; default from git),
 #      GOARCH (default the machine's), ESTUARY_CACHE (where crane is kept).
@@ -84,7 +84,17 @@ REF=127.0.0.1:$PORT/estuary:$VERSION
   -l org.opencontainers.image.version="$VERSION" \
   -l org.opencontainers.image.source=https://github.com/estuary-mesh/estuary >/dev/null
 rm -rf "$WORK/layout"
-"$CRANE" pull --format=oci --annotate-ref "$REF" "$WORK/layout"
+"$CRANE" pull --format=oci "$REF" "$WORK/layout"
+# A manifest.json beside the OCI layout, naming the same blobs (as `docker
+# save` writes since Docker 25), so the one tarball is also what `crane
+# push`, `docker load` and `podman load` read as a Docker archive, tagged
+# estuary:VERSION.
+digests=$("$CRANE" manifest "$REF" | grep -o '"digest":"sha256:[0-9a-f]*"' | sed 's/.*sha256:\([0-9a-f]*\)"/\1/')
+[ "$(echo "$digests" | wc -l)" -eq 2 ] || { echo "unexpected manifest: $digests" >&2; exit 1; }
+config=$(echo "$digests" | sed -n 1p)
+layer=$(echo "$digests" | sed -n 2p)
+printf '[{"Config":"blobs/sha256/%s","RepoTags":["estuary:%s"],"Layers":["blobs/sha256/%s"]}]\n' \
+  "$config" "$VERSION" "$layer" >"$WORK/layout/manifest.json"
 
 mkdir -p "$(dirname "$OUT")"
 tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$WORK/layout" -cf "$OUT.tmp" .

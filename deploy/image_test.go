@@ -30,8 +30,9 @@ const testVersion = "0.0.0-imagetest"
 
 // ociImage is the image `make image` builds, read back from its tarball.
 type ociImage struct {
-	tarball string
-	config  imageConfig
+	tarball      string
+	config       imageConfig
+	configDigest string
 	entries map[string]*tar.Header // the layer's files, by path without a leading "/"
 	rootfs  string                 // the layer unpacked
 }
@@ -82,7 +83,7 @@ func buildImage() (*ociImage, error) {
 // entries.
 func (img *ociImage) read() error {
 	blobs := map[string][]byte{}
-	var index []byte
+	var index, dockerManifest []byte
 	f, err := os.Open(img.tarball)
 	if err != nil {
 		return err
@@ -105,6 +106,8 @@ func (img *ociImage) read() error {
 		switch {
 		case name == "index.json":
 			index = b
+		case name == "manifest.json":
+			dockerManifest = b
 		case strings.HasPrefix(name, "blobs/sha256/"):
 			blobs["sha256:"+path.Base(name)] = b
 		}
@@ -147,6 +150,7 @@ func (img *ociImage) read() error {
 	if err != nil {
 		return err
 	}
+	img.configDigest = manifest.Config.Digest
 	if err := json.Unmarshal(cb, &img.config); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -156,6 +160,23 @@ func (img *ociImage) read() error {
 	lb, err := blob(manifest.Layers[0].Digest, "layer")
 	if err != nil {
 		return err
+	}
+	// The Docker archive's manifest.json names the same blobs, so `crane
+	// push` and `docker load` read the same image from the tarball.
+	var docker []struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	if err := json.Unmarshal(dockerManifest, &docker); err != nil {
+		return fmt.Errorf("manifest.json: %w", err)
+	}
+	blobPath := func(digest string) string { return "blobs/sha256/" + strings.TrimPrefix(digest, "sha256:") }
+	if len(docker) != 1 || docker[0].Config != blobPath(manifest.Config.Digest) ||
+		!slices.Equal(docker[0].Layers, []string{blobPath(manifest.Layers[0].Digest)}) ||
+		!slices.Equal(docker[0].RepoTags, []string{"estuary:" + testVersion}) {
+		return fmt.Errorf("manifest.json %s does not name the OCI manifest's blobs %s, %s and the tag estuary:%s",
+			dockerManifest, manifest.Config.Digest, manifest.Layers[0].Digest, testVersion)
 	}
 	var layer io.Reader = strings.NewReader(string(lb))
 	if strings.HasSuffix(manifest.Layers[0].MediaType, "+gzip") {
@@ -327,6 +348,46 @@ func TestImage(t *testing.T) {
 			t.Errorf("validate of a bad file: %v\n%s\nwant a failure at bad.hcl:2", err, out)
 		}
 	})
+}
+
+// TestImagePushes: `crane push` takes the tarball as it is (the README's
+// way to a registry), here to crane's own registry on loopback, and the
+// registry then serves the same image config.
+func TestImagePushes(t *testing.T) {
+	img := image(t)
+	crane := tool(t, "crane")
+	reg := exec.Command(crane, "registry", "serve", "--address", "127.0.0.1:0")
+	stderr, err := reg.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = reg.Process.Kill()
+		_ = reg.Wait()
+	})
+	port := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := regexp.MustCompile(`serving on port (\d+)`).FindStringSubmatch(sc.Text()); m != nil {
+				port <- m[1]
+			}
+		}
+		close(port)
+	}()
+	p, ok := <-port
+	if !ok {
+		t.Fatal("crane registry serve ended without serving")
+	}
+	ref := "127.0.0.1:" + p + "/mesh/estuary:" + testVersion
+	run(t, crane, "push", img.tarball, ref)
+	cfg := run(t, crane, "config", ref)
+	if sum := sha256.Sum256(cfg); "sha256:"+hex.EncodeToString(sum[:]) != img.configDigest {
+		t.Errorf("the registry serves config %s, want the image's %s", cfg, img.configDigest)
+	}
 }
 
 // writeFile writes a file into the unpacked image, readable by its user.
