@@ -41,11 +41,12 @@ const (
 )
 
 // TestRBACIsSufficientAndMinimal runs the real estuary, from the image,
-// with the kubernetes plugin on nothing but the chart's RBAC: a token of
+// with the kubernetes and serviceentry plugins on nothing but the chart's RBAC: a token of
 // the chart's ServiceAccount, minted with the TokenRequest API, in two
 // clusters (the primary, and a member cluster registered by a remote
-// secret in the secret namespace). Both sync Services, EndpointSlices,
-// Pods, Nodes and Namespaces with no request refused. Then the API server
+// secret in the secret namespace). Both clusters sync Services,
+// EndpointSlices, Pods, Nodes and Namespaces, and the primary its
+// ServiceEntries and WorkloadEntries, with no request refused. Then the API server
 // shows the same identity can write nothing and read no Secret outside the
 // secret namespace, and holds no rule beyond those. A chart that lacks a
 // grant the plugin needs fails here: the last subtest takes one away.
@@ -53,8 +54,10 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 	img := image(t)
 	ks := testbed.StartKubes(t, 2)
 	primary, member := ks[0], ks[1]
-	r := render(t, chartCase{name: "default"}, release, relNS,
-		"--set", "secretNamespace="+secretNS, "--set", "mesh.clusterID=cluster1")
+	// Both registries that read the API server: kubernetes, and
+	// serviceentry with the CRDs the chart installs.
+	r := render(t, chartCase{name: "default"}, release, relNS, "--set", "secretNamespace="+secretNS,
+		"--set", "mesh.clusterID=cluster1", "--set", "plugins.serviceentry.enabled=true", "--set", "crds.install=true")
 	applyAll(t, primary, r.objects)
 	// In the member cluster, the same read-only identity: what a remote
 	// secret's token belongs to.
@@ -75,13 +78,22 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	applyAll(t, primary, []*unstructured.Unstructured{{Object: map[string]any{
+		"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+		"metadata": map[string]any{"name": "api", "namespace": "app"},
+		"spec": map[string]any{"hosts": []any{"api.example.com"}, "location": "MESH_EXTERNAL", "resolution": "DNS",
+			"ports": []any{map[string]any{"number": int64(443), "name": "tls", "protocol": "TLS"}}},
+	}}})
+
 	h := startEstuary(t, img, r, primary, mintToken(t, primary, relNS, release))
-	h.eventually("both clusters synced and healthy, with their services", 90*time.Second, func() bool {
+	h.eventually("both clusters and the ServiceEntry synced and healthy", 90*time.Second, func() bool {
 		var rz registryz
 		if !h.getJSON("/debug/registryz", &rz) {
 			return false
 		}
-		return rz.healthy("cluster1", "web.app.svc.cluster.local") && rz.healthy("cluster2", "web.app.svc.cluster.local")
+		return rz.healthy("Kubernetes", "cluster1", "web.app.svc.cluster.local") &&
+			rz.healthy("Kubernetes", "cluster2", "web.app.svc.cluster.local") &&
+			rz.healthy("ServiceEntry", "cluster1", "api.example.com")
 	})
 	// What each informer contributes reached the endpoints: the pod's
 	// labels, the node's locality, and the cluster's network from its
@@ -92,6 +104,9 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 	}
 	nets := map[string]string{"cluster1": "network1", "cluster2": "network2"}
 	for _, in := range rz.Instances {
+		if in.Key.Provider != "Kubernetes" {
+			continue
+		}
 		if want := nets[in.Key.Cluster]; in.Properties.DefaultNetwork != want {
 			t.Errorf("%s: network %q, want %q from its system namespace", in.Key.Cluster, in.Properties.DefaultNetwork, want)
 		}
@@ -145,10 +160,12 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 		reads := []string{"get", "list", "watch"}
 		writes := []string{"create", "update", "patch", "delete", "deletecollection"}
 		type res struct{ group, resource string }
-		granted := []res{{"", "services"}, {"", "pods"}, {"", "nodes"}, {"", "namespaces"}, {"discovery.k8s.io", "endpointslices"}}
+		granted := []res{{"", "services"}, {"", "pods"}, {"", "nodes"}, {"", "namespaces"}, {"discovery.k8s.io", "endpointslices"},
+			{"networking.istio.io", "serviceentries"}, {"networking.istio.io", "workloadentries"}}
 		others := []res{{"", "configmaps"}, {"", "serviceaccounts"}, {"", "endpoints"}, {"apps", "deployments"},
 			{"rbac.authorization.k8s.io", "clusterroles"}, {"rbac.authorization.k8s.io", "rolebindings"},
-			{"networking.istio.io", "serviceentries"}, {"networking.istio.io", "workloadentries"}}
+			{"networking.istio.io", "workloadgroups"}, {"networking.istio.io", "destinationrules"},
+			{"apiextensions.k8s.io", "customresourcedefinitions"}}
 		namespaces := []string{"", secretNS, relNS, "app", "default", "kube-system"}
 		for _, ns := range namespaces {
 			for _, g := range granted {
@@ -206,6 +223,8 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 			"/services:get", "/services:list", "/services:watch", "/pods:get", "/pods:list", "/pods:watch",
 			"/nodes:get", "/nodes:list", "/nodes:watch", "/namespaces:get", "/namespaces:list", "/namespaces:watch",
 			"discovery.k8s.io/endpointslices:get", "discovery.k8s.io/endpointslices:list", "discovery.k8s.io/endpointslices:watch",
+			"networking.istio.io/serviceentries:get", "networking.istio.io/serviceentries:list", "networking.istio.io/serviceentries:watch",
+			"networking.istio.io/workloadentries:get", "networking.istio.io/workloadentries:list", "networking.istio.io/workloadentries:watch",
 		}
 		for _, ns := range []string{secretNS, relNS, "app"} {
 			base := rules(t, nobody, ns)
@@ -443,6 +462,10 @@ func startEstuary(t testing.TB, img *ociImage, r *rendered, k *testbed.Kube, tok
 	admin.RemoveAttribute("token_file")
 	body.FirstMatchingBlock("plugin", []string{"kubernetes"}).Body().FirstMatchingBlock("config", nil).Body().
 		SetAttributeValue("kubeconfig", cty.StringVal(kubeconfig))
+	if se := body.FirstMatchingBlock("plugin", []string{"serviceentry"}); se != nil {
+		se.Body().FirstMatchingBlock("config", nil).Body().FirstMatchingBlock("kubernetes", nil).Body().
+			SetAttributeValue("kubeconfig", cty.StringVal(kubeconfig))
+	}
 	config := filepath.Join(dir, "plugins.hcl")
 	if err := os.WriteFile(config, f.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
@@ -523,11 +546,11 @@ type registryz struct {
 	} `json:"instances"`
 }
 
-// healthy reports whether the cluster's Kubernetes instance has synced, is
-// healthy and holds the service.
-func (r registryz) healthy(cluster, host string) bool {
+// healthy reports whether the provider's instance for the cluster has
+// synced, is healthy and holds the service.
+func (r registryz) healthy(provider, cluster, host string) bool {
 	for _, in := range r.Instances {
-		if in.Key.Provider != "Kubernetes" || in.Key.Cluster != cluster {
+		if in.Key.Provider != provider || in.Key.Cluster != cluster {
 			continue
 		}
 		return in.Synced && (in.Health == nil || in.Health.Healthy) &&
