@@ -33,8 +33,8 @@ type ociImage struct {
 	tarball      string
 	config       imageConfig
 	configDigest string
-	entries map[string]*tar.Header // the layer's files, by path without a leading "/"
-	rootfs  string                 // the layer unpacked
+	entries      map[string]*tar.Header // the layer's files, by path without a leading "/"
+	rootfs       string                 // the layer unpacked
 }
 
 // imageConfig is the part of an OCI image config the tests read.

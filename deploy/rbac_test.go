@@ -86,15 +86,22 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 	}}})
 
 	h := startEstuary(t, img, r, primary, mintToken(t, primary, relNS, release))
+	var refused string
 	h.eventually("both clusters and the ServiceEntry synced and healthy", 90*time.Second, func() bool {
 		var rz registryz
 		if !h.getJSON("/debug/registryz", &rz) {
 			return false
 		}
+		if refused = rz.refusal(); refused != "" {
+			return true
+		}
 		return rz.healthy("Kubernetes", "cluster1", "web.app.svc.cluster.local") &&
 			rz.healthy("Kubernetes", "cluster2", "web.app.svc.cluster.local") &&
 			rz.healthy("ServiceEntry", "cluster1", "api.example.com")
 	})
+	if refused != "" {
+		t.Fatalf("the API server refused the chart's identity: %s", refused)
+	}
 	// What each informer contributes reached the endpoints: the pod's
 	// labels, the node's locality, and the cluster's network from its
 	// system namespace.
@@ -274,13 +281,7 @@ func TestRBACIsSufficientAndMinimal(t *testing.T) {
 			if !bh.getJSON("/debug/registryz", &rz) {
 				return false
 			}
-			for _, in := range rz.Instances {
-				if in.Key.Cluster == "cluster1" && in.Health != nil && !in.Health.Healthy &&
-					strings.Contains(in.Health.Message, "nodes") && strings.Contains(strings.ToLower(in.Health.Message), "forbidden") {
-					return !in.Synced
-				}
-			}
-			return false
+			return strings.Contains(rz.refusal(), "nodes")
 		})
 	})
 }
@@ -544,6 +545,17 @@ type registryz struct {
 			Hostname string
 		} `json:"services"`
 	} `json:"instances"`
+}
+
+// refusal is the health message of an instance the API server refuses
+// (403), or "".
+func (r registryz) refusal() string {
+	for _, in := range r.Instances {
+		if h := in.Health; h != nil && !h.Healthy && strings.Contains(strings.ToLower(h.Message), "forbidden") {
+			return fmt.Sprintf("%s/%s: %s", in.Key.Provider, in.Key.Cluster, h.Message)
+		}
+	}
+	return ""
 }
 
 // healthy reports whether the provider's instance for the cluster has
