@@ -13,7 +13,7 @@ export GOFLAGS
 # third-party plugin built on the SDK alone (examples/plugin-hello).
 MODULES   := . proto sdk examples/plugin-hello
 
-.PHONY: all build run test test-unit bench soak proto plugins lint testbed clean
+.PHONY: all build run test test-unit bench soak proto plugins lint testbed tools image clean
 
 all: build
 
@@ -28,7 +28,21 @@ run: build
 testbed:
 	bash testbed/build.sh
 
-test: testbed
+# tools builds helm and crane, pinned in tools/go.mod (a module of its own,
+# so neither the root module nor the SDK requires them), into
+# $$HOME/.cache/estuary/tools (once per version). The deploy/ tests use them.
+tools:
+	bash tools/build.sh helm crane >/dev/null
+
+# image builds the estuary image, an OCI image layout in a tarball, without a
+# Docker daemon (crane; deploy/image.sh). Push it with
+# `crane push $(IMAGE) REGISTRY/estuary:TAG`; deploy/Dockerfile builds the
+# same image where a daemon exists.
+IMAGE     ?= $(BIN)/estuary-image.tar
+image:
+	bash deploy/image.sh $(IMAGE)
+
+test: testbed tools
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 40m ./...) || exit 1; done
 

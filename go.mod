@@ -14,6 +14,7 @@ require (
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.3
+	github.com/zclconf/go-cty v1.19.0
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.4
 	golang.org/x/sync v0.23.0
@@ -30,10 +31,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require (
-	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
-	github.com/zclconf/go-cty v1.19.0 // indirect
-)
+require github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 
 require (
 	cel.dev/expr v0.25.3 // indirect
