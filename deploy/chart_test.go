@@ -79,6 +79,37 @@ func chartCases(t testing.TB) []chartCase {
 	for _, f := range files {
 		cases = append(cases, chartCase{name: strings.TrimSuffix(filepath.Base(f), ".yaml"), values: f})
 	}
+	return append(cases, guideValues(t)...)
+}
+
+// guideValues are the values files deploy/README.md installs the chart
+// with: each YAML block whose first line is "# NAME.yaml" and that sets
+// mesh (the east-west gateway's manifest is not a values file), written
+// to a file, so the guide's helm install is the chart the tests render.
+func guideValues(t testing.TB) []chartCase {
+	t.Helper()
+	guide, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var cases []chartCase
+	for _, block := range strings.Split(string(guide), "```yaml\n")[1:] {
+		body, _, _ := strings.Cut(block, "```")
+		first, _, _ := strings.Cut(body, "\n")
+		name, ok := strings.CutPrefix(first, "# ")
+		if !ok || !strings.HasSuffix(name, ".yaml") || !strings.Contains(body, "\nmesh:") {
+			continue
+		}
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, chartCase{name: "guide-" + strings.TrimSuffix(name, ".yaml"), values: f})
+	}
+	if len(cases) < 2 {
+		t.Fatalf("deploy/README.md: %d values files found, want one per cluster: is the scan broken?", len(cases))
+	}
 	return cases
 }
 
@@ -206,6 +237,13 @@ func TestChartTemplate(t *testing.T) {
 			ns := fmt.Sprintf("estuary-%d", i)
 			r := render(t, c, "estuary", ns)
 			checkChart(t, r, ns)
+			if cluster, ok := strings.CutPrefix(c.name, "guide-"); ok {
+				// The guide names each values file after its cluster.
+				cm := as[corev1.ConfigMap](t, r.find("ConfigMap", ""))
+				if !strings.Contains(cm.Data["plugins.hcl"], fmt.Sprintf("cluster_id    = %q", cluster)) {
+					t.Errorf("the guide's %s.yaml renders a plugins.hcl for another cluster:\n%s", cluster, cm.Data["plugins.hcl"])
+				}
+			}
 			validateMounted(t, img, r)
 			applyAll(t, k, r.objects)
 		})
@@ -238,6 +276,10 @@ func checkChart(t *testing.T, r *rendered, ns string) {
 		}
 		if got := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "serviceentries") }); got != enabled("serviceentry") {
 			t.Errorf("ClusterRole grants ServiceEntries: %v, serviceentry plugin enabled: %v", got, enabled("serviceentry"))
+		}
+		mcs := strings.Contains(hcl, "mcs = true")
+		if got := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "serviceexports") }); got != mcs {
+			t.Errorf("ClusterRole grants ServiceExports: %v, kubernetes plugin with mcs: %v", got, mcs)
 		}
 	}
 	roles := r.all("Role")

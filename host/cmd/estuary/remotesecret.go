@@ -48,13 +48,16 @@ const (
 
 // remoteReaderRules is what the kubernetes plugin's informers read in a
 // member cluster (plugins/kubernetes cluster.go): Services,
-// EndpointSlices, Pods, Nodes and Namespaces, cluster-wide. Secrets are
-// read only in the primary, so they are not here.
+// EndpointSlices, Pods, Nodes and Namespaces, cluster-wide, and with
+// `mcs = true` ServiceExports and ServiceImports (as Istio's reader role
+// grants them). Secrets are read only in the primary, so they are not
+// here.
 func remoteReaderRules() []*applyrbacv1.PolicyRuleApplyConfiguration {
 	verbs := []string{"get", "list", "watch"}
 	return []*applyrbacv1.PolicyRuleApplyConfiguration{
 		applyrbacv1.PolicyRule().WithAPIGroups("").WithResources("services", "pods", "nodes", "namespaces").WithVerbs(verbs...),
 		applyrbacv1.PolicyRule().WithAPIGroups("discovery.k8s.io").WithResources("endpointslices").WithVerbs(verbs...),
+		applyrbacv1.PolicyRule().WithAPIGroups("multicluster.x-k8s.io").WithResources("serviceexports", "serviceimports").WithVerbs(verbs...),
 	}
 }
 

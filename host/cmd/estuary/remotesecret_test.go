@@ -163,6 +163,8 @@ func TestCreateRemoteSecret(t *testing.T) {
 		{"watch", "discovery.k8s.io", "endpointslices", true},
 		{"list", "", "pods", true},
 		{"list", "", "nodes", true},
+		{"watch", "multicluster.x-k8s.io", "serviceexports", true},
+		{"create", "multicluster.x-k8s.io", "serviceexports", false},
 		{"list", "", "secrets", false},
 		{"create", "", "services", false},
 		{"delete", "", "pods", false},
