@@ -146,6 +146,10 @@ func (o *remoteSecretOptions) restConfig() (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the kubeconfig: %w", err)
 	}
+	// A handful of requests: client-side throttling would only turn the
+	// token wait's last poll into a rate limiter error instead of the
+	// Secret's state (the API server's own flow control still applies).
+	rc.QPS = -1
 	return rc, nil
 }
 
@@ -263,9 +267,14 @@ func (o *remoteSecretOptions) waitForToken(ctx context.Context, c kubernetes.Int
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, o.timeout, true, func(ctx context.Context) (bool, error) {
 		s, err := c.CoreV1().Secrets(o.namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			last = err
+			// A Get cut short by the deadline says nothing about the
+			// Secret; the error that explains the wait is an earlier one.
+			if ctx.Err() == nil {
+				last = err
+			}
 			return false, nil
 		}
+		last = nil // read, but empty
 		token, caData = s.Data[corev1.ServiceAccountTokenKey], s.Data[corev1.ServiceAccountRootCAKey]
 		return len(token) > 0, nil
 	})
