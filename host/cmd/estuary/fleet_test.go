@@ -214,6 +214,7 @@ func (r *fleetRun) row(format string, args ...any) {
 
 func (r *fleetRun) start() {
 	t := r.t
+	r.h.get("/debug/pprof/heap?gc=1")
 	base := footprintOf(t, r.h)
 	required := make([]string, r.cfg.services)
 	for s := range required {
@@ -253,27 +254,24 @@ func (r *fleetRun) checkProblems() {
 	}
 }
 
-// footprint reports the host's memory per client. The heap in use holds
-// garbage until the next GC; the heap goal is what survived the last GC
-// times 1+GOGC/100, so the live heap is about half of it with the default
-// GOGC. The floor of a few samples is kept: both swing with the GC.
+// footprint reports the host's memory per client, after a GC it forces
+// through /debug/pprof/heap?gc=1: without one, an idle host keeps the
+// garbage of the clients' initial responses until its next cycle. RSS
+// keeps what the runtime has not returned to the kernel yet.
 func (r *fleetRun) footprint(base footprint.Sample) {
-	var with footprint.Sample
-	for i := range 5 {
-		s := footprintOf(r.t, r.h)
-		if i == 0 || s.Values[footprint.HeapGoal] < with.Values[footprint.HeapGoal] {
-			with = s
-		}
-		time.Sleep(200 * time.Millisecond)
+	code, _ := r.h.get("/debug/pprof/heap?gc=1")
+	with := footprintOf(r.t, r.h)
+	gc := "after a forced GC"
+	if code != http.StatusOK {
+		gc = "no forced GC (the binary has no /debug/pprof)"
 	}
 	n := float64(r.cfg.clients)
 	per := func(m string) float64 { return (with.Values[m] - base.Values[m]) / n / 1024 }
 	f := footprint.Format
-	r.row("host live heap (goal/2) %s → %s, heap in use %s → %s, RSS %s → %s: per client %.1f KiB live heap, %.1f KiB RSS; goroutines %.0f → %.0f",
-		f(footprint.HeapGoal, base.Values[footprint.HeapGoal]/2), f(footprint.HeapGoal, with.Values[footprint.HeapGoal]/2),
+	r.row("host heap in use %s → %s, RSS %s → %s: per client %.1f KiB heap, %.1f KiB RSS, %s; goroutines %.0f → %.0f",
 		f(footprint.HeapInuse, base.Values[footprint.HeapInuse]), f(footprint.HeapInuse, with.Values[footprint.HeapInuse]),
 		f(footprint.RSS, base.Values[footprint.RSS]), f(footprint.RSS, with.Values[footprint.RSS]),
-		per(footprint.HeapGoal)/2, per(footprint.RSS), base.Values[footprint.Goroutines], with.Values[footprint.Goroutines])
+		per(footprint.HeapInuse), per(footprint.RSS), gc, base.Values[footprint.Goroutines], with.Values[footprint.Goroutines])
 }
 
 func footprintOf(t *testing.T, h *host) footprint.Sample {
