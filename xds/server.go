@@ -341,6 +341,9 @@ func (s *Server) Run(ctx context.Context) error {
 		// with an idle connection. Responses are no smaller or slower for it.
 		grpc.ReadBufferSize(serverReadBuffer),
 		grpc.SharedWriteBuffer(true),
+		// Responses reference the cache's marshaled resources rather than
+		// copying them once per client (see sharedCodec).
+		grpc.ForceServerCodecV2(newSharedCodec()),
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(s.tls.credentials(s.handshakeFailed)))
