@@ -32,7 +32,8 @@ func TestSharedCodecRoundTrips(t *testing.T) {
 			SystemVersionInfo: "9", TypeUrl: big.TypeUrl, Nonce: "43",
 			RemovedResources: []string{"gone"}, ControlPlane: &corev3.ControlPlane{Identifier: "estuary"},
 			Resources: []*discoveryv3.Resource{
-				{Name: "a", Version: "1", Resource: big, Aliases: []string{"a1"}},
+				{Name: "a", Version: "1", Resource: big, Aliases: []string{"a1"}, CacheControl: &discoveryv3.Resource_CacheControl{DoNotCache: true},
+					ResourceName: &discoveryv3.ResourceName{Name: "a"}},
 				{Name: "b", Version: "2", Resource: small, Ttl: durationpb.New(time.Second), Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"f": md}}},
 				{Name: "c", Version: "3"}, // no resource: a heartbeat or a removal by TTL
 				{Name: "d", Version: "4", Resource: empty},
@@ -78,5 +79,22 @@ func TestSharedCodecRoundTrips(t *testing.T) {
 			t.Errorf("%T: not protobuf's own encoding", m)
 		}
 		data.Free()
+	}
+}
+
+// TestSharedCodecKnowsResourceFields: resourceHeader copies every field of
+// a Delta Resource but its Any; a field go-control-plane adds would be
+// dropped from every Delta response, so it must be added there.
+func TestSharedCodecKnowsResourceFields(t *testing.T) {
+	known := map[string]bool{"name": true, "resource_name": true, "aliases": true, "version": true,
+		"resource": true, "ttl": true, "cache_control": true, "metadata": true}
+	fields := (&discoveryv3.Resource{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		if name := string(fields.Get(i).Name()); !known[name] {
+			t.Errorf("envoy.service.discovery.v3.Resource has field %q, which resourceHeader does not copy", name)
+		}
+	}
+	if fields.Len() != len(known) {
+		t.Errorf("Resource has %d fields, resourceHeader knows %d", fields.Len(), len(known))
 	}
 }

@@ -220,6 +220,10 @@ func (r *fleetRun) start() {
 	for s := range required {
 		required[s] = r.cluster(s)
 	}
+	var profile func()
+	if r.cfg.profile != "" {
+		profile = r.profileAsync("cpu-connect", "profile", 10*time.Second)
+	}
 	t0 := time.Now()
 	f, err := xdsload.Start(context.Background(), xdsload.Options{
 		Addr: r.h.xds, Clients: r.cfg.clients, Protocol: xdsload.Mixed, Kind: xdsload.Sidecar,
@@ -233,6 +237,9 @@ func (r *fleetRun) start() {
 	t.Cleanup(f.Close)
 	r.waitServed("the initial state")
 	r.row("connect+initial state: %s for %d clients", time.Since(t0).Round(time.Millisecond), r.cfg.clients)
+	if profile != nil {
+		profile()
+	}
 	r.footprint(base)
 	if r.cfg.profile != "" {
 		r.profile("heap", "heap", 0)
