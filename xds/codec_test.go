@@ -2,6 +2,7 @@ package xds
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -26,18 +27,18 @@ func TestSharedCodecRoundTrips(t *testing.T) {
 		&discoveryv3.DiscoveryResponse{
 			VersionInfo: "7", TypeUrl: big.TypeUrl, Nonce: "42", Canary: true,
 			ControlPlane: &corev3.ControlPlane{Identifier: "estuary"},
-			Resources:    []*anypb.Any{big, small, empty, big},
+			Resources:    append([]*anypb.Any{big, small, empty}, repeatAny(big, minFramed/len(big.Value)+1)...),
 		},
 		&discoveryv3.DeltaDiscoveryResponse{
 			SystemVersionInfo: "9", TypeUrl: big.TypeUrl, Nonce: "43",
 			RemovedResources: []string{"gone"}, ControlPlane: &corev3.ControlPlane{Identifier: "estuary"},
-			Resources: []*discoveryv3.Resource{
+			Resources: append([]*discoveryv3.Resource{
 				{Name: "a", Version: "1", Resource: big, Aliases: []string{"a1"}, CacheControl: &discoveryv3.Resource_CacheControl{DoNotCache: true},
 					ResourceName: &discoveryv3.ResourceName{Name: "a"}},
 				{Name: "b", Version: "2", Resource: small, Ttl: durationpb.New(time.Second), Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"f": md}}},
 				{Name: "c", Version: "3"}, // no resource: a heartbeat or a removal by TTL
 				{Name: "d", Version: "4", Resource: empty},
-			},
+			}, bigResources(big, minFramed/len(big.Value)+1)...),
 		},
 	}
 	c := newSharedCodec()
@@ -68,8 +69,10 @@ func TestSharedCodecRoundTrips(t *testing.T) {
 		}
 		data.Free()
 	}
-	// Other messages, and responses it does not frame, go to gRPC's codec.
-	for _, m := range []proto.Message{&discoveryv3.DiscoveryRequest{VersionInfo: "1"}, &discoveryv3.DiscoveryResponse{VersionInfo: "1"}} {
+	// Other messages, and responses it does not frame (empty, or smaller
+	// than minFramed), go to gRPC's codec.
+	for _, m := range []proto.Message{&discoveryv3.DiscoveryRequest{VersionInfo: "1"}, &discoveryv3.DiscoveryResponse{VersionInfo: "1"},
+		&discoveryv3.DiscoveryResponse{VersionInfo: "1", Resources: []*anypb.Any{big, small}}} {
 		data, err := c.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
@@ -97,4 +100,20 @@ func TestSharedCodecKnowsResourceFields(t *testing.T) {
 	if fields.Len() != len(known) {
 		t.Errorf("Resource has %d fields, resourceHeader knows %d", fields.Len(), len(known))
 	}
+}
+
+func repeatAny(a *anypb.Any, n int) []*anypb.Any {
+	out := make([]*anypb.Any, n)
+	for i := range out {
+		out[i] = a
+	}
+	return out
+}
+
+func bigResources(a *anypb.Any, n int) []*discoveryv3.Resource {
+	out := make([]*discoveryv3.Resource, n)
+	for i := range out {
+		out[i] = &discoveryv3.Resource{Name: fmt.Sprintf("r%d", i), Version: "1", Resource: a}
+	}
+	return out
 }
