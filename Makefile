@@ -13,7 +13,7 @@ export GOFLAGS
 # third-party plugin built on the SDK alone (examples/plugin-hello).
 MODULES   := . proto sdk examples/plugin-hello
 
-.PHONY: all build run test test-unit bench soak proto plugins lint testbed tools image clean
+.PHONY: all build run test test-unit bench bench-fleet soak proto plugins lint testbed tools image clean
 
 all: build
 
@@ -61,6 +61,19 @@ soak:
 	SOAK_DURATION=$(SOAK_DURATION) SOAK_CLIENTS=$(SOAK_CLIENTS) \
 		$(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout $(SOAK_TIMEOUT) -v ./host/cmd/estuary/
 
+# bench-fleet runs the real host with FLEET_CLIENTS xDS clients, each on
+# its own connection, against a real kube-apiserver and the static plugin,
+# and reports start-up, memory per client, convergence of one change to
+# every client, CPU per change and a reconnect storm. Not part of
+# `make test`: the test file has the `fleet` build tag. FLEET_SOURCES,
+# FLEET_SERVICES, FLEET_ENDPOINTS, FLEET_PUSHES, FLEET_DEBOUNCE,
+# FLEET_STORM, FLEET_ESTUARY and FLEET_PROFILE are passed through from the
+# environment; see testbed/README.md.
+FLEET_CLIENTS ?= 1000
+bench-fleet: testbed
+	FLEET_CLIENTS=$(FLEET_CLIENTS) \
+		$(GO) test -tags fleet -run '^TestFleet$$' -count=1 -timeout 30m -v ./host/cmd/estuary/
+
 proto:
 	protoc --version
 	protoc -I proto \
@@ -90,6 +103,8 @@ lint:
 	sc="$$($(GO) tool -n staticcheck)" && for m in $(MODULES); do (cd $$m && "$$sc" ./...) || exit 1; done
 	$(GO) vet -tags soak ./host/cmd/estuary/
 	"$$($(GO) tool -n staticcheck)" -tags soak ./host/cmd/estuary/
+	$(GO) vet -tags fleet ./host/cmd/estuary/
+	"$$($(GO) tool -n staticcheck)" -tags fleet ./host/cmd/estuary/
 
 clean:
 	rm -rf $(BIN)

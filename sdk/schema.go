@@ -92,12 +92,36 @@ const SensitivePlaceholder = "(sensitive)"
 // the SDK register them with a [redact.Secrets] set, so that they never
 // reach a log or a health message.
 func (s *Schema) SensitiveValues(configJSON []byte) []string {
+	if !s.hasSensitive() {
+		// Nothing to find: skip decoding a block that may be megabytes
+		// (a static plugin's 10,000 endpoints) on every load and reload.
+		return nil
+	}
 	var out []string
 	s.walk(configJSON, func(v any) any {
 		collectStrings(v, &out)
 		return v
 	})
 	return out
+}
+
+// hasSensitive reports whether s or any nested block declares a sensitive
+// attribute.
+func (s *Schema) hasSensitive() bool {
+	if s == nil {
+		return false
+	}
+	for _, a := range s.Attributes {
+		if a.Sensitive {
+			return true
+		}
+	}
+	for i := range s.Blocks {
+		if s.Blocks[i].Body.hasSensitive() {
+			return true
+		}
+	}
+	return false
 }
 
 // Redact returns configJSON, a block decoded against s, with the value of

@@ -24,3 +24,20 @@ func TestSchemaRedact(t *testing.T) {
 		t.Errorf("SensitiveValues = %q", vals)
 	}
 }
+
+// TestSensitiveValuesNestedOnly: a schema whose only sensitive attribute
+// is in a nested block still yields it (SensitiveValues skips blocks of
+// schemas without any), and one without any yields nothing.
+func TestSensitiveValuesNestedOnly(t *testing.T) {
+	nested := &Schema{Blocks: []Block{{TypeName: "outer", Body: Schema{Blocks: []Block{{TypeName: "auth", Body: Schema{
+		Attributes: []Attribute{{Name: "password", Sensitive: true}},
+	}}}}}}}
+	js := []byte(`{"outer":[{"auth":[{"password":"s3cret"}]}]}`)
+	if got := nested.SensitiveValues(js); !slices.Equal(got, []string{"s3cret"}) {
+		t.Errorf("SensitiveValues = %q, want [s3cret]", got)
+	}
+	plain := &Schema{Attributes: []Attribute{{Name: "address"}}}
+	if got := plain.SensitiveValues([]byte(`{"address":"s3cret"}`)); got != nil {
+		t.Errorf("SensitiveValues without sensitive attributes = %q", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,6 +103,13 @@ func New(logger hclog.Logger, opts Options) *Server {
 		writeJSON(w, opts.Config())
 	})
 	s.mux.HandleFunc("/debug/endpointz", s.endpointz)
+	// Go's profiles, behind the same authentication as every other page:
+	// where a fleet's CPU and memory go is found on the running host, not
+	// on a rebuilt one. A CPU profile longer than WriteTimeout is cut off.
+	s.mux.HandleFunc("/debug/pprof/", pprof.Index)
+	s.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	s.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	s.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return s
 }
 

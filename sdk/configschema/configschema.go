@@ -207,3 +207,20 @@ func FromProto(p *registryv1.Schema) *sdk.Schema {
 	}
 	return s
 }
+
+// Equal reports whether two schemas decode every body alike: the same
+// attributes and blocks, in the same order, with the same types, labels
+// and flags. Descriptions are compared too, so a plugin that changed in
+// any way is not taken for the same. A nil list equals an empty one: a
+// schema received over the wire (FromProto) has nil where the plugin's own
+// value may have an empty list.
+func Equal(a, b *sdk.Schema) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return slices.Equal(a.Attributes, b.Attributes) &&
+		slices.EqualFunc(a.Blocks, b.Blocks, func(x, y sdk.Block) bool {
+			return x.TypeName == y.TypeName && x.Single == y.Single && x.Description == y.Description &&
+				slices.Equal(x.Labels, y.Labels) && Equal(&x.Body, &y.Body)
+		})
+}

@@ -385,3 +385,47 @@ func TestDurationJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestEqual: the host reuses a block decoded against a bundled plugin's
+// in-process schema when the running plugin describes an Equal one over
+// the wire, so Equal must hold across FromProto (nil and empty lists) and
+// fail on any difference that changes decoding.
+func TestEqual(t *testing.T) {
+	schema := func() *sdk.Schema {
+		return &sdk.Schema{
+			Attributes: []sdk.Attribute{{Name: "cluster", Type: "string"}, {Name: "token", Type: "string", Sensitive: true}},
+			Blocks: []sdk.Block{{TypeName: "service", Labels: []string{"hostname"}, Body: sdk.Schema{
+				Attributes: []sdk.Attribute{{Name: "addresses", Type: "list(string)"}},
+				Blocks:     []sdk.Block{{TypeName: "endpoint", Labels: []string{}, Body: sdk.Schema{Attributes: []sdk.Attribute{{Name: "address", Required: true}}}}},
+			}}},
+		}
+	}
+	wire := &registryv1.Schema{
+		Attributes: []*registryv1.Attribute{{Name: "cluster", Type: "string"}, {Name: "token", Type: "string", Sensitive: true}},
+		Blocks: []*registryv1.Block{{TypeName: "service", Labels: []string{"hostname"}, Body: &registryv1.Schema{
+			Attributes: []*registryv1.Attribute{{Name: "addresses", Type: "list(string)"}},
+			Blocks:     []*registryv1.Block{{TypeName: "endpoint", Body: &registryv1.Schema{Attributes: []*registryv1.Attribute{{Name: "address", Required: true}}}}},
+		}}},
+	}
+	if !configschema.Equal(schema(), configschema.FromProto(wire)) {
+		t.Errorf("a schema and its wire form are not Equal")
+	}
+	if !configschema.Equal(nil, nil) || configschema.Equal(schema(), nil) {
+		t.Errorf("Equal with nil schemas is wrong")
+	}
+	for name, change := range map[string]func(*sdk.Schema){
+		"attribute type":   func(s *sdk.Schema) { s.Attributes[0].Type = "number" },
+		"sensitive":        func(s *sdk.Schema) { s.Attributes[1].Sensitive = false },
+		"attribute gone":   func(s *sdk.Schema) { s.Attributes = s.Attributes[:1] },
+		"label":            func(s *sdk.Schema) { s.Blocks[0].Labels = nil },
+		"single":           func(s *sdk.Schema) { s.Blocks[0].Single = true },
+		"nested required":  func(s *sdk.Schema) { s.Blocks[0].Body.Blocks[0].Body.Attributes[0].Required = false },
+		"nested attribute": func(s *sdk.Schema) { s.Blocks[0].Body.Attributes[0].Name = "vips" },
+	} {
+		s := schema()
+		change(s)
+		if configschema.Equal(schema(), s) || configschema.Equal(s, schema()) {
+			t.Errorf("%s changed, but the schemas are Equal", name)
+		}
+	}
+}

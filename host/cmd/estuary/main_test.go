@@ -51,6 +51,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// hostLogLevel is the -log-level of hosts the tests start. The fleet
+// benchmark lowers it: a debug line per stream of 10,000 clients would be
+// what it measures.
+var hostLogLevel = "debug"
+
 // host is a running estuary process.
 type host struct {
 	t      testing.TB
@@ -152,7 +157,7 @@ func (h *host) again() *host {
 
 func (h *host) start() {
 	t := h.t
-	h.cmd = exec.Command(estuaryBin, "run", "-config", h.config, "-log-level", "debug")
+	h.cmd = exec.Command(estuaryBin, "run", "-config", h.config, "-log-level", hostLogLevel)
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
