@@ -99,12 +99,21 @@ type watcherSet []*sotwWatcher
 // as a client would, and leaves them waiting for changes.
 func openEDSWatches(tb testing.TB, c *Cache, v model.View, n, perWatcher, services int) watcherSet {
 	tb.Helper()
-	ws := make(watcherSet, n)
-	for i := range ws {
+	return openEDSWatchesOf(tb, c, v, n, func(i int) []string {
 		names := make([]string, perWatcher)
 		for j := range names {
 			names[j] = model.ClusterName(8080, "", svcHost((i*perWatcher+j)%services))
 		}
+		return names
+	})
+}
+
+// openEDSWatchesOf opens n watches of the view, watcher i on names(i).
+func openEDSWatchesOf(tb testing.TB, c *Cache, v model.View, n int, namesOf func(i int) []string) watcherSet {
+	tb.Helper()
+	ws := make(watcherSet, n)
+	for i := range ws {
+		names := namesOf(i)
 		sub := stream.NewSotwSubscription(names, false)
 		ws[i] = &sotwWatcher{
 			req: &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names, Node: nodeFor(v, fmt.Sprintf("node-%d", i))},
