@@ -28,11 +28,11 @@ run: build
 testbed:
 	bash testbed/build.sh
 
-# tools builds helm and crane, pinned in tools/go.mod (a module of its own,
+# tools builds helm and crane, pinned in deploy/tools/go.mod (a module of its own,
 # so neither the root module nor the SDK requires them), into
 # $$HOME/.cache/estuary/tools (once per version). The deploy/ tests use them.
 tools:
-	bash tools/build.sh helm crane >/dev/null
+	bash deploy/tools/build.sh helm crane >/dev/null
 
 # image builds the estuary image, an OCI image layout in a tarball, without a
 # Docker daemon (crane; deploy/image.sh). Push it with

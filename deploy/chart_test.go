@@ -44,7 +44,7 @@ import (
 
 const chartDir = "helm/estuary"
 
-// helm runs the helm CLI (tools/go.mod) with its own state directories,
+// helm runs the helm CLI (deploy/tools/go.mod) with its own state directories,
 // so nothing of the user's helm setup is read or written.
 func helm(t testing.TB, args ...string) ([]byte, error) {
 	t.Helper()

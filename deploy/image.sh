@@ -3,7 +3,7 @@
 # a tarball, without a Docker daemon (what `make image` runs).
 #
 # The image is what deploy/Dockerfile describes, assembled with crane
-# (pinned in tools/go.mod) instead of a daemon:
+# (pinned in deploy/tools/go.mod) instead of a daemon:
 #   - one layer on an empty base: the static estuary binary (CGO_ENABLED=0),
 #     /etc/passwd and /etc/group naming the non-root user 65532 (distroless'
 #     "nonroot"), a world-writable /tmp for go-plugin's sockets, and the
@@ -33,7 +33,7 @@ ARCH=${GOARCH:-$(go env GOARCH)}
 UIDGID=65532:65532
 BIN=/usr/local/bin/estuary
 
-CRANE=$(bash "$ROOT/tools/build.sh" crane)
+CRANE=$(bash "$ROOT/deploy/tools/build.sh" crane)
 WORK=$(mktemp -d)
 REG_PID=
 cleanup() {

@@ -39,20 +39,20 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// tools holds the paths of the tools built by tools/build.sh, once per run.
+// tools holds the paths of the tools built by deploy/tools/build.sh, once per run.
 var tools sync.Map // name -> func() (string, error)
 
-// tool returns the path of a tool pinned in tools/go.mod (helm, crane),
-// building it into the cache the first time (tools/build.sh).
+// tool returns the path of a tool pinned in deploy/tools/go.mod (helm, crane),
+// building it into the cache the first time (deploy/tools/build.sh).
 func tool(t testing.TB, name string) string {
 	t.Helper()
 	f, _ := tools.LoadOrStore(name, sync.OnceValues(func() (string, error) {
 		var stderr bytes.Buffer
-		cmd := exec.Command("bash", "../tools/build.sh", name)
+		cmd := exec.Command("bash", "tools/build.sh", name)
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			return "", fmt.Errorf("tools/build.sh %s: %w\n%s", name, err, stderr.String())
+			return "", fmt.Errorf("deploy/tools/build.sh %s: %w\n%s", name, err, stderr.String())
 		}
 		if s := stderr.String(); s != "" {
 			fmt.Fprint(os.Stderr, s) // the build and its duration, once

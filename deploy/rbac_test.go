@@ -514,17 +514,7 @@ func (p *estuaryProc) getJSON(path string, v any) bool {
 
 func (p *estuaryProc) eventually(what string, timeout time.Duration, ok func() bool) {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			p.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		select {
-		case <-p.exited:
-			p.t.Fatalf("estuary exited while waiting for %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	testbed.Eventually(p.t, p.exited, what, timeout, 50*time.Millisecond, ok)
 }
 
 // registryz is the part of /debug/registryz the test reads.

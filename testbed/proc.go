@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -218,4 +219,22 @@ func retryAddrInUse(log string, start func() error) error {
 		time.Sleep(250 * time.Millisecond)
 	}
 	return err
+}
+
+// Eventually polls ok every interval until it holds, and fails t if the
+// timeout passes first or if exited closes meanwhile (the process the
+// test waits on died, so waiting longer would only hide why).
+func Eventually(t testing.TB, exited <-chan struct{}, what string, timeout, interval time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		select {
+		case <-exited:
+			t.Fatalf("estuary exited while waiting for %s", what)
+		case <-time.After(interval):
+		}
+	}
 }

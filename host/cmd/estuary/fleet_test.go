@@ -92,9 +92,9 @@ func TestFleet(t *testing.T) {
 // fleetWatch is how many CLAs each client watches; fleetHot of them are
 // the services the pushes change, so every change reaches every client.
 const (
-	fleetWatch    = 10
-	fleetHot      = 5
-	fleetNS       = "fleet"
+	fleetWatch = 10
+	fleetHot   = 5
+	fleetNS    = "fleet"
 )
 
 type fleetConfig struct {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/testbed"
 )
 
 // estuaryBin is the binary under test, built once by TestMain.
@@ -222,17 +223,7 @@ func (h *host) getJSON(path string, v any) {
 
 func (h *host) eventually(what string, timeout time.Duration, ok func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		select {
-		case <-h.exited:
-			h.t.Fatalf("estuary exited while waiting for %s", what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	testbed.Eventually(h.t, h.exited, what, timeout, 5*time.Millisecond, ok)
 }
 
 // registryz is the part of /debug/registryz the tests read.

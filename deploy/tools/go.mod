@@ -1,4 +1,4 @@
-module github.com/estuary-mesh/estuary/tools
+module github.com/estuary-mesh/estuary/deploy/tools
 
 go 1.26.0
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/build.sh NAME...: build the deployment tools pinned in tools/go.mod
+# deploy/tools/build.sh NAME...: build the deployment tools pinned in deploy/tools/go.mod
 # (helm, crane) from the Go module proxy and print the path of each binary,
 # one a line.
 #
@@ -8,7 +8,7 @@
 # outside the clone, keyed by the pinned version:
 #   ${ESTUARY_CACHE:-$HOME/.cache/estuary}/tools/<name>-<version>/<name>
 # so a second call prints the path at once; bumping a version in
-# tools/go.mod builds the new one. Safe to run concurrently (a lock
+# deploy/tools/go.mod builds the new one. Safe to run concurrently (a lock
 # serialises builds). Progress goes to stderr, paths to stdout.
 set -euo pipefail
 
