@@ -48,6 +48,10 @@ const (
 	// service's own workload mTLS mode, over the mesh's. Meta is per
 	// instance: the first instance (by node/ID) that sets it decides.
 	metaMTLSMode = "mtls_mode"
+	// metaLocalityFailover (service meta) = "true" or "false" turns
+	// locality failover on or off for the service, over the mesh's
+	// locality_failover; the first instance that sets it decides.
+	metaLocalityFailover = "locality_failover"
 
 	// taggedVirtual is the tagged address holding a service's virtual IP.
 	taggedVirtual = "consul-virtual"
@@ -127,10 +131,17 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 		Ports:     servicePorts(insts, n),
 		Labels:    commonLabels(insts),
 	}
-	svc.MTLSMode = mtlsMode(insts, n)
+	svc.MTLSMode = firstMeta(insts, n, metaMTLSMode, "want STRICT, PERMISSIVE or DISABLE", func(v string) (sdk.MTLSMode, bool) {
+		m, err := sdk.ParseMTLSMode(v)
+		return m, err == nil && m != sdk.MTLSModeUnset
+	})
 	if svc.MTLSMode != sdk.MTLSModeUnset {
 		svc.MTLSModeSource = "service meta " + metaMTLSMode
 	}
+	svc.LocalityFailover = firstMeta(insts, n, metaLocalityFailover, `want "true" or "false"`, func(v string) (sdk.LocalityFailover, bool) {
+		f, err := sdk.ParseLocalityFailover(v)
+		return f, err == nil
+	})
 	for _, in := range insts {
 		if vip := in.e.Service.TaggedAddresses[taggedVirtual].Address; vip != "" {
 			svc.VIPs = map[string][]string{o.datacenter: {vip}}
@@ -168,27 +179,33 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 	return view{service: svc, endpoints: eps, gateways: gws, notices: n.list()}
 }
 
-// mtlsMode is the service's own mTLS mode from its instances' meta: the
-// first valid value, in instance order; a value that is no mode, or that
-// disagrees with the one kept, is a notice.
-func mtlsMode(insts []*instance, n *notices) sdk.MTLSMode {
-	mode, from := sdk.MTLSModeUnset, ""
+// firstMeta is a service-wide setting read from its instances' meta key
+// (Consul keeps meta per instance): the first valid value, in instance
+// order, else T's zero value (follow the mesh). A value parse refuses
+// is a notice saying want; one that disagrees with the value kept is a
+// notice naming the instance that decided.
+func firstMeta[T interface {
+	comparable
+	fmt.Stringer
+}](insts []*instance, n *notices, key, want string, parse func(string) (T, bool)) T {
+	var kept, unset T
+	from := ""
 	for _, in := range insts {
-		v, ok := in.e.Service.Meta[metaMTLSMode]
+		v, ok := in.e.Service.Meta[key]
 		if !ok {
 			continue
 		}
-		m, err := sdk.ParseMTLSMode(v)
+		got, valid := parse(v)
 		switch {
-		case err != nil || m == sdk.MTLSModeUnset:
-			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: want STRICT, PERMISSIVE or DISABLE", metaMTLSMode, v))
-		case mode == sdk.MTLSModeUnset:
-			mode, from = m, in.id
-		case m != mode:
-			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: instance %s says %s first", metaMTLSMode, v, from, mode))
+		case !valid:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: %s", key, v, want))
+		case kept == unset:
+			kept, from = got, in.id
+		case got != kept:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: instance %s says %s first", key, v, from, kept))
 		}
 	}
-	return mode
+	return kept
 }
 
 func parseInstance(e *api.ServiceEntry, n *notices) *instance {
