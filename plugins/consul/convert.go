@@ -64,10 +64,14 @@ const (
 
 // convertOptions are the settings the conversion depends on.
 type convertOptions struct {
-	datacenter   string
+	datacenter string
+	// domainSuffix follows the service's name in its hostname: the
+	// block's domain_suffix, with the scope's labels outside the default
+	// scope (scope.hostSuffix).
 	domainSuffix string
-	namespace    string
-	warning      bool // warning instances are endpoints too
+	namespace    string // the services' namespace: the Consul namespace
+	scope        string // " in namespace team-a" outside the default scope, for notices
+	warning      bool   // warning instances are endpoints too
 }
 
 // view is one Consul service as Estuary reports it. Everything in it is
@@ -110,7 +114,7 @@ type instance struct {
 // so a service keeps its shape while its instances fail; only the instances
 // the health setting admits become endpoints.
 func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
-	n := &notices{service: name}
+	n := &notices{service: name + o.scope}
 	var insts []*instance
 	for _, e := range entries {
 		// Connect proxies and Consul's own gateways are plumbing, not services.
