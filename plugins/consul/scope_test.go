@@ -54,3 +54,18 @@ func TestScopeUnion(t *testing.T) {
 		t.Errorf("empty union = %v, want the default", got)
 	}
 }
+
+// TestConvertInScope: a service of another namespace is converted as the
+// datacenter builds its options: Consul's namespace as the Istio one,
+// the scoped hostname, and notices that name the namespace.
+func TestConvertInScope(t *testing.T) {
+	sc := scope{"p1", "team-a"}
+	o := convertOptions{datacenter: "dc1", domainSuffix: sc.hostSuffix("service.consul"), namespace: sc.namespace, scope: inScope(sc)}
+	v := convert("web", []*api.ServiceEntry{inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"protocol": "bogus"}})}, o)
+	if v.service == nil || v.service.Hostname != "web.service.team-a.ns.p1.ap.consul" || v.service.Namespace != "team-a" || v.service.Name != "web" {
+		t.Fatalf("service %+v", v.service)
+	}
+	if len(v.notices) != 1 || v.notices[0].Subject != "service web in partition p1, namespace team-a, instance n1/web-n1" {
+		t.Errorf("notices %+v", v.notices)
+	}
+}

@@ -186,7 +186,8 @@ func (d *datacenter) listServices(q *api.QueryOptions) (map[string][]string, *ap
 	if !d.peer {
 		return d.r.client.Catalog().Services(q)
 	}
-	q.Peer, q.WaitIndex = "", 0
+	// A peering belongs to a partition, not to a namespace.
+	q.Peer, q.WaitIndex, q.Namespace = "", 0, ""
 	peering, meta, err := d.r.client.Peerings().Read(q.Context(), d.name, q)
 	if err != nil {
 		return nil, nil, err
