@@ -354,3 +354,39 @@ metadata:
 		return strings.Contains(string(b), "ignored, the hosts follow the mesh's locality_failover")
 	})
 }
+
+// TestConsulScopeErrorsPositioned: a reload whose consul block sets both
+// namespace and namespaces, and a partition name that cannot be one, is
+// refused by the plugin with each problem at its file:line:col, and the
+// running config keeps serving the agent's services.
+func TestConsulScopeErrorsPositioned(t *testing.T) {
+	c := testbed.StartConsul(t)
+	if err := c.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "web-1", Name: "web", Address: "10.0.0.1", Port: 8080}); err != nil {
+		t.Fatal(err)
+	}
+	block := func(attrs string) string {
+		return fmt.Sprintf("plugin \"consul\" {\n  config {\n    address = %q\n%s  }\n}\n", c.Addr, attrs)
+	}
+	h := startHost(t, block("    namespaces = [\"default\"]\n"))
+	served := func() bool {
+		var r registryz
+		h.getJSON("/debug/registryz", &r)
+		return slices.Contains(r.hostnames("consul"), "web.service.consul")
+	}
+	h.eventually("web served", 30*time.Second, served)
+	// The mesh, xds and admin blocks take lines 1-10; the plugin block
+	// starts at 11, its attributes at 14.
+	h.reloadWith(block("    namespace  = \"team-a\"\n    namespaces = [\"default\"]\n    partitions = [\"p 1\"]\n"))
+	h.eventually("the plugin to refuse the config", 30*time.Second, func() bool { return h.logCount("some plugins kept their previous config") == 1 })
+	for _, want := range []string{
+		`plugins.hcl:15:5: error: plugin "consul": set namespace or namespaces, not both`,
+		`plugins.hcl:16:5: error: plugin "consul": partition "p 1" is not a Consul partition name`,
+	} {
+		if !strings.Contains(h.log.String(), want) {
+			t.Errorf("the rejection lacks %q:\n%s", want, h.log.String())
+		}
+	}
+	if !served() {
+		t.Error("the rejected reload stopped the running config")
+	}
+}
