@@ -247,6 +247,25 @@ func LocalityFailoverOf(on *bool) LocalityFailover {
 	return LocalityFailoverOff
 }
 
+// AnnotationLocalityFailover, on a Kubernetes Service or an Istio
+// ServiceEntry, sets the service's LocalityFailover: "true" or "false".
+// It is Estuary's, not Istio's: Istio says this in a DestinationRule's
+// trafficPolicy.loadBalancer.localityLbSetting, which Estuary does not
+// read, and has no Service annotation for it.
+const AnnotationLocalityFailover = "estuary.io/locality-failover"
+
+// ParseLocalityFailover reads an annotation's or a meta value: "true" or
+// "false", nothing else, so a typo is reported instead of read as false.
+func ParseLocalityFailover(s string) (LocalityFailover, error) {
+	switch s {
+	case "true":
+		return LocalityFailoverOn, nil
+	case "false":
+		return LocalityFailoverOff, nil
+	}
+	return LocalityFailoverMesh, fmt.Errorf("locality failover %q is not \"true\" or \"false\"", s)
+}
+
 // Enabled resolves the choice against the mesh's default.
 func (f LocalityFailover) Enabled(mesh bool) bool {
 	switch f {

@@ -1,6 +1,9 @@
 package sdk
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestLocalityFailover: a service's choice overrides the mesh's either
 // way, unset follows it, and a changed choice is a changed service (so
@@ -18,5 +21,22 @@ func TestLocalityFailover(t *testing.T) {
 	a, b := Service{Hostname: "a"}, Service{Hostname: "a", LocalityFailover: LocalityFailoverOn}
 	if a.Equal(&b) {
 		t.Error("services differing in locality_failover are equal")
+	}
+}
+
+// TestParseLocalityFailover: the annotation takes "true" and "false"
+// only; anything else (a typo, another spelling of a bool) is an error
+// naming the value, and follows the mesh.
+func TestParseLocalityFailover(t *testing.T) {
+	for in, want := range map[string]LocalityFailover{"true": LocalityFailoverOn, "false": LocalityFailoverOff} {
+		if got, err := ParseLocalityFailover(in); err != nil || got != want {
+			t.Errorf("%q: %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "yes", "True", "1", "on"} {
+		got, err := ParseLocalityFailover(in)
+		if err == nil || got != LocalityFailoverMesh || !strings.Contains(err.Error(), `"`+in+`"`) {
+			t.Errorf("%q: %v, %v; want an error naming it and the mesh's setting", in, got, err)
+		}
 	}
 }

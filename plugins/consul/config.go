@@ -39,8 +39,10 @@ var schema = &sdk.Schema{Attributes: []sdk.Attribute{
 	{Name: "cert_file", Type: "string", Description: "PEM client certificate, with key_file"},
 	{Name: "key_file", Type: "string", Sensitive: true, Description: "PEM client key, with cert_file; sensitive"},
 	{Name: "server_name", Type: "string", Description: "TLS server name to verify the agent's certificate against"},
-	{Name: "namespace", Type: "string", Description: "Consul Enterprise namespace, passed through; also the services' namespace (default \"default\")"},
-	{Name: "partition", Type: "string", Description: "Consul Enterprise admin partition, passed through"},
+	{Name: "namespace", Type: "string", Description: "Consul Enterprise namespace to watch (default \"default\"); the same as namespaces = [NAME]"},
+	{Name: "namespaces", Type: "list(string)", Description: `Consul Enterprise namespaces to watch, each with its own queries and the services' namespace; "*" is every namespace the agent lists when the config is applied (on Consul CE: "default"). Not with namespace`},
+	{Name: "partition", Type: "string", Description: "Consul Enterprise admin partition to watch (default \"default\"); the same as partitions = [NAME]"},
+	{Name: "partitions", Type: "list(string)", Description: `Consul Enterprise admin partitions to watch, every namespace in each; "*" is every partition the agent lists when the config is applied (on Consul CE: "default"). Not with partition`},
 	{Name: "domain_suffix", Type: "string", Description: `hostnames are SERVICE.<domain_suffix>; default "service.consul"`},
 	{Name: "health", Type: "string", Description: `which instances become endpoints: "passing" (default) or "passing_and_warning"`},
 	{Name: "tag_filter", Type: "list(string)", Description: "only instances carrying every one of these tags"},
@@ -63,7 +65,9 @@ type config struct {
 	KeyFile      *string       `json:"key_file"`
 	ServerName   *string       `json:"server_name"`
 	Namespace    *string       `json:"namespace"`
+	Namespaces   []string      `json:"namespaces"`
 	Partition    *string       `json:"partition"`
+	Partitions   []string      `json:"partitions"`
 	DomainSuffix *string       `json:"domain_suffix"`
 	Health       *string       `json:"health"`
 	TagFilter    []string      `json:"tag_filter"`
@@ -75,8 +79,9 @@ type config struct {
 
 // settings is a validated config, ready to run.
 type settings struct {
-	// api is the client config: address, scheme, namespace, partition and
-	// TLS files, with the consul CLI's environment variables as defaults.
+	// api is the client config: address, scheme and TLS files, with the
+	// consul CLI's environment variables as defaults. Its namespace and
+	// partition stay empty: each query names its scope.
 	api          api.Config
 	tls          *tls.Config // nil for plain HTTP
 	token        string
@@ -85,14 +90,18 @@ type settings struct {
 	peers        []string // peers named in the config
 	allPeers     bool     // "*": every peering the agent lists
 	domainSuffix string
-	namespace    string // the services' namespace
-	warning      bool   // include warning instances
+	warning      bool // include warning instances
 	tagFilter    []string
 	network      string           // the network setting; empty: see mesh
 	mesh         sdk.MeshSettings // mesh.network is the default of the datacenter named mesh.cluster_id only
 	waitTime     time.Duration
 	rateLimit    float64
 	maxWatchers  int
+
+	// namespaces and partitions are Consul's names, "default" included;
+	// all* adds, for "*", every one the agent lists.
+	namespaces, partitions       []string
+	allNamespaces, allPartitions bool
 }
 
 // parseConfig validates cfg and reports every problem with its path.
@@ -107,8 +116,6 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 			Address:   base.Address,
 			Scheme:    base.Scheme,
 			HttpAuth:  base.HttpAuth,
-			Namespace: base.Namespace,
-			Partition: base.Partition,
 			TLSConfig: base.TLSConfig,
 		},
 		token:        base.Token,
@@ -212,21 +219,8 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 		diags.Errorf([]string{"scheme"}, "TLS settings are given but the scheme is %q; set scheme = \"https\"", s.api.Scheme)
 	}
 
-	setIf(&s.api.Namespace, cfg.Namespace)
-	setIf(&s.api.Partition, cfg.Partition)
-	s.namespace = s.api.Namespace
-	if s.namespace == "" {
-		s.namespace = "default"
-	}
-	// Consul CE refuses any ns or partition parameter, "default" too (400,
-	// "Namespaces are a Consul Enterprise feature"), and Enterprise takes
-	// an absent one as the default: so "default" is not sent, and a block
-	// written for Enterprise's default namespace works on CE as well.
-	for _, v := range []*string{&s.api.Namespace, &s.api.Partition} {
-		if *v == "default" {
-			*v = ""
-		}
-	}
+	s.namespaces, s.allNamespaces = scopeNames(&diags, "namespace", cfg.Namespace, cfg.Namespaces, base.Namespace)
+	s.partitions, s.allPartitions = scopeNames(&diags, "partition", cfg.Partition, cfg.Partitions, base.Partition)
 	if cfg.DomainSuffix != nil {
 		suffix := strings.Trim(*cfg.DomainSuffix, ".")
 		if suffix == "" || strings.ContainsAny(suffix, " /:") {
@@ -272,6 +266,54 @@ func parseConfig(cfg *config, mesh sdk.MeshSettings) (*settings, sdk.Diagnostics
 		s.maxWatchers = int(n)
 	}
 	return s, diags
+}
+
+// scopeNames validates the namespaces (or partitions) of the block: the
+// singular attribute, or the plural list, else the environment's
+// CONSUL_NAMESPACE (CONSUL_PARTITION), else "default". "*" sets all.
+// Names become hostname labels, so two that differ in case only are the
+// same name.
+func scopeNames(diags *sdk.Diagnostics, singular string, one *string, list []string, env string) (names []string, all bool) {
+	plural := singular + "s"
+	var paths [][]string
+	switch {
+	case one != nil && list != nil:
+		diags.Errorf([]string{plural}, "set %s or %s, not both", singular, plural)
+		return nil, false
+	case one != nil:
+		list, paths = []string{*one}, [][]string{{singular}}
+	case list != nil:
+		for i := range list {
+			paths = append(paths, []string{plural, strconv.Itoa(i)})
+		}
+	case env != "":
+		list, paths = []string{env}, [][]string{{singular}}
+	}
+	for i, name := range list {
+		switch {
+		case name == "*":
+			all = true
+		case !validScopeName(name):
+			diags.Errorf(paths[i], "%s %q is not a Consul %s name: letters, digits and \"-\", at most 63, starting and ending with a letter or digit", singular, name, singular)
+		case slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, name) }):
+			diags.Errorf(paths[i], "%s %q is listed twice", singular, name)
+		default:
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 && !all {
+		names = []string{defaultName}
+	}
+	return names, all
+}
+
+// peerScope is where peerings = ["*"] lists the peerings: the block's
+// partition when it names exactly one, else the default one.
+func (s *settings) peerScope() scope {
+	if len(s.partitions) == 1 && !s.allPartitions {
+		return scope{partition: s.partitions[0], namespace: defaultName}
+	}
+	return defaultScope
 }
 
 // readToken reads an ACL token file. The error never quotes the content.

@@ -1,12 +1,16 @@
 package consul
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 
 	"github.com/estuary-mesh/estuary/sdk"
 	"github.com/estuary-mesh/estuary/sdk/configschema"
@@ -37,7 +41,7 @@ func TestConfigDefaults(t *testing.T) {
 	if s.api.Address != "localhost:8500" || s.api.Scheme != "http" || s.tls != nil {
 		t.Errorf("address %q scheme %q tls %v, want the local agent over plain HTTP", s.api.Address, s.api.Scheme, s.tls)
 	}
-	if s.domainSuffix != "service.consul" || s.namespace != "default" || s.warning || s.network != "" || s.mesh.Network != "mesh-net" ||
+	if s.domainSuffix != "service.consul" || !slices.Equal(s.namespaces, []string{"default"}) || !slices.Equal(s.partitions, []string{"default"}) || s.warning || s.network != "" || s.mesh.Network != "mesh-net" ||
 		s.waitTime != 5*time.Minute || s.rateLimit != 1000 || s.maxWatchers != 1000 || len(s.datacenters) != 0 {
 		t.Errorf("defaults = %+v", s)
 	}
@@ -85,8 +89,8 @@ max_watchers  = 20
 	if s.token != "s3cr3t" || s.tokenFile != tokenFile {
 		t.Errorf("token from file not read and trimmed")
 	}
-	if !slices.Equal(s.datacenters, []string{"dc1", "dc2"}) || s.api.Namespace != "team-a" || s.namespace != "team-a" ||
-		s.api.Partition != "p1" || s.domainSuffix != "consul.example" || !s.warning ||
+	if !slices.Equal(s.datacenters, []string{"dc1", "dc2"}) || !slices.Equal(s.namespaces, []string{"team-a"}) ||
+		!slices.Equal(s.partitions, []string{"p1"}) || s.api.Namespace != "" || s.api.Partition != "" || s.domainSuffix != "consul.example" || !s.warning ||
 		!slices.Equal(s.tagFilter, []string{"mesh", "prod"}) || s.network != "net1" || s.waitTime != 30*time.Second ||
 		s.rateLimit != 50 || s.maxWatchers != 20 {
 		t.Errorf("settings = %+v", s)
@@ -193,6 +197,85 @@ peers       = ["east", "", "east", "dc1"]
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("diagnostics lack %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestConfigScopes: namespaces and partitions are lists of Consul names,
+// "*" for all; the singular attributes are one-name lists, the default
+// is "default", and CONSUL_NAMESPACE / CONSUL_PARTITION stand in for an
+// unset attribute.
+func TestConfigScopes(t *testing.T) {
+	t.Setenv("CONSUL_NAMESPACE", "")
+	t.Setenv("CONSUL_PARTITION", "")
+	for _, tc := range []struct {
+		config        string
+		ns, parts     []string
+		allNS, allPar bool
+	}{
+		{``, []string{"default"}, []string{"default"}, false, false},
+		{`namespace = "team-a"`, []string{"team-a"}, []string{"default"}, false, false},
+		{"namespaces = [\"default\", \"team-a\"]\npartitions = [\"p1\"]", []string{"default", "team-a"}, []string{"p1"}, false, false},
+		{"namespaces = [\"*\"]\npartitions = [\"*\", \"p2\"]", nil, []string{"p2"}, true, true},
+		{`partition = "*"`, []string{"default"}, nil, false, true},
+	} {
+		s, diags := decodeConfig(t, tc.config, sdk.MeshSettings{})
+		if diags.HasErrors() || !slices.Equal(s.namespaces, tc.ns) || !slices.Equal(s.partitions, tc.parts) || s.allNamespaces != tc.allNS || s.allPartitions != tc.allPar {
+			t.Errorf("%q: namespaces %v (all %v), partitions %v (all %v), %v", tc.config, s.namespaces, s.allNamespaces, s.partitions, s.allPartitions, diags)
+		}
+	}
+	t.Setenv("CONSUL_NAMESPACE", "from-env")
+	if s, _ := decodeConfig(t, ``, sdk.MeshSettings{}); !slices.Equal(s.namespaces, []string{"from-env"}) {
+		t.Errorf("CONSUL_NAMESPACE: namespaces %v", s.namespaces)
+	}
+	if s, _ := decodeConfig(t, `namespaces = ["team-b"]`, sdk.MeshSettings{}); !slices.Equal(s.namespaces, []string{"team-b"}) {
+		t.Errorf("namespaces does not replace CONSUL_NAMESPACE: %v", s.namespaces)
+	}
+}
+
+// TestConfigScopeErrors: bad names and a singular attribute beside its
+// plural are reported at the attribute, which the host turns into
+// file:line:col with configschema.PathRange.
+func TestConfigScopeErrors(t *testing.T) {
+	_, diags := decodeConfig(t, `
+namespace  = "team-a"
+namespaces = ["team-b"]
+partitions = ["p1", "", "bad name", "P1", "-p"]
+`, sdk.MeshSettings{})
+	got := diags.Error()
+	for _, want := range []string{
+		"namespaces: set namespace or namespaces, not both",
+		`partitions.1: partition "" is not a Consul partition name`,
+		`partitions.2: partition "bad name" is not a Consul partition name: letters, digits and "-"`,
+		`partitions.3: partition "P1" is listed twice`,
+		`partitions.4: partition "-p" is not a Consul partition name`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("diagnostics lack %q:\n%s", want, got)
+		}
+	}
+	// Where the host places them: file:line:col of the attribute (a
+	// list element's diagnostic points at its list).
+	src := "namespace  = \"team-a\"\nnamespaces = [\"team-b\"]\npartitions = [\"p1\", \"\", \"bad name\"]\n"
+	f, hd := hclsyntax.ParseConfig([]byte(src), "plugins.hcl", hcl.InitialPos)
+	if hd.HasErrors() {
+		t.Fatal(hd)
+	}
+	_, diags = decodeConfig(t, src, sdk.MeshSettings{})
+	var at []string
+	for _, d := range diags {
+		r := configschema.PathRange(f.Body, d.Path)
+		at = append(at, fmt.Sprintf("%s:%d:%d %s", r.Filename, r.Start.Line, r.Start.Column, strings.Join(d.Path, ".")))
+	}
+	slices.Sort(at)
+	if want := []string{"plugins.hcl:2:1 namespaces", "plugins.hcl:3:1 partitions.1", "plugins.hcl:3:1 partitions.2"}; !slices.Equal(at, want) {
+		t.Errorf("positions %v, want %v", at, want)
+	}
+
+	_, diags = decodeConfig(t, "partition = \"p1\"\npartitions = [\"p1\"]\nnamespace = \"a.b\"", sdk.MeshSettings{})
+	for _, want := range []string{"partitions: set partition or partitions, not both", `namespace: namespace "a.b" is not a Consul namespace name`} {
+		if !strings.Contains(diags.Error(), want) {
+			t.Errorf("diagnostics lack %q:\n%s", want, diags.Error())
 		}
 	}
 }

@@ -135,7 +135,7 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 // keeps an idle connection for every watch, so blocking queries reuse their
 // connections instead of opening one per request.
 func newClient(s *settings) (*api.Client, *http.Transport, error) {
-	conns := s.maxWatchers*max(1, len(s.datacenters)) + 8
+	conns := s.maxWatchers*max(1, len(s.datacenters))*max(1, len(s.namespaces))*max(1, len(s.partitions)) + 8
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -223,14 +223,16 @@ func (r *run) main(context.Context) {
 	if !ok {
 		return
 	}
-	r.p.retain(append(slices.Clone(dcs), peers...))
-	for _, name := range dcs {
-		d := r.newDatacenter(name, false)
-		r.wg.Go(func() { d.watchCatalog(r.ctx) })
+	scopes, ok := r.scopes()
+	if !ok {
+		return
 	}
-	for _, name := range peers {
-		d := r.newDatacenter(name, true)
-		r.wg.Go(func() { d.watchCatalog(r.ctx) })
+	r.p.retain(append(slices.Clone(dcs), peers...))
+	for i, name := range slices.Concat(dcs, peers) {
+		d := r.newDatacenter(name, i >= len(dcs), scopes)
+		for _, sc := range d.scopes {
+			r.wg.Go(func() { d.watchCatalog(r.ctx, sc) })
+		}
 	}
 	// Every datacenter is declared (newDatacenter did it): only now may a
 	// restarted plugin's host drop the ones not declared again. Until then
@@ -249,43 +251,61 @@ func (r *run) peers(dcs []string) ([]string, bool) {
 	if !r.s.allPeers {
 		return peers, true
 	}
+	var list []*api.Peering
+	ok := r.retry(fmt.Sprintf("cannot list the peerings of %s (peers = [\"*\"])", r.s.api.Address), func(ctx context.Context) error {
+		q := r.query(ctx, 0)
+		r.s.peerScope().apply(q)
+		var err error
+		list, _, err = r.client.Peerings().List(ctx, q)
+		return err
+	})
+	if !ok {
+		return nil, false
+	}
+	for _, p := range list {
+		switch {
+		case p.State == api.PeeringStateDeleting || p.State == api.PeeringStateTerminated || slices.Contains(peers, p.Name):
+		case slices.Contains(dcs, p.Name):
+			r.p.log.Warn("peering has the name of a watched datacenter; not watched", "cluster", p.Name)
+		default:
+			peers = append(peers, p.Name)
+		}
+	}
+	slices.Sort(peers)
+	return peers, true
+}
+
+// retry runs one request of the run's setup until it succeeds or the run
+// ends, backing off between tries. While it fails, the plugin's health
+// says what (no instance exists yet to say it), prefixed by what.
+func (r *run) retry(what string, do func(ctx context.Context) error) bool {
 	bo := newBackoff()
 	last := ""
 	for {
 		if err := r.limiter.Wait(r.ctx); err != nil {
-			return nil, false
+			return false
 		}
 		ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
-		list, _, err := r.client.Peerings().List(ctx, r.query(ctx, 0))
+		err := do(ctx)
 		cancel()
 		if r.ctx.Err() != nil {
-			return nil, false
+			return false
 		}
 		if err == nil {
-			for _, p := range list {
-				switch {
-				case p.State == api.PeeringStateDeleting || p.State == api.PeeringStateTerminated || slices.Contains(peers, p.Name):
-				case slices.Contains(dcs, p.Name):
-					r.p.log.Warn("peering has the name of a watched datacenter; not watched", "cluster", p.Name)
-				default:
-					peers = append(peers, p.Name)
-				}
-			}
 			if last != "" {
 				r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Healthy: true})
 			}
-			slices.Sort(peers)
-			return peers, true
+			return true
 		}
 		err = r.explain(r.ctx, err)
 		if msg := describe(err); msg != last {
-			r.p.log.Error("cannot list the agent's peerings (peers = [\"*\"])", "error", msg)
-			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Message: fmt.Sprintf("cannot list the peerings of %s: %s", r.s.api.Address, msg)})
+			r.p.log.Error(what, "error", msg)
+			r.p.rt.State.SetPluginHealth(sdk.InstanceHealth{Message: what + ": " + msg})
 			last = msg
 		}
 		r.reloadToken(err)
 		if bo.Wait(r.ctx) != nil {
-			return nil, false
+			return false
 		}
 	}
 }
@@ -371,8 +391,6 @@ func (r *run) queryOwnDatacenter() (string, error) {
 // once).
 func (r *run) query(ctx context.Context, index uint64) *api.QueryOptions {
 	q := &api.QueryOptions{
-		Namespace: r.s.api.Namespace,
-		Partition: r.s.api.Partition,
 		WaitIndex: index,
 		WaitTime:  r.s.waitTime,
 		Token:     *r.token.Load(),

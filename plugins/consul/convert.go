@@ -48,6 +48,10 @@ const (
 	// service's own workload mTLS mode, over the mesh's. Meta is per
 	// instance: the first instance (by node/ID) that sets it decides.
 	metaMTLSMode = "mtls_mode"
+	// metaLocalityFailover (service meta) = "true" or "false" turns
+	// locality failover on or off for the service, over the mesh's
+	// locality_failover; the first instance that sets it decides.
+	metaLocalityFailover = "locality_failover"
 
 	// taggedVirtual is the tagged address holding a service's virtual IP.
 	taggedVirtual = "consul-virtual"
@@ -60,10 +64,14 @@ const (
 
 // convertOptions are the settings the conversion depends on.
 type convertOptions struct {
-	datacenter   string
+	datacenter string
+	// domainSuffix follows the service's name in its hostname: the
+	// block's domain_suffix, with the scope's labels outside the default
+	// scope (scope.hostSuffix).
 	domainSuffix string
-	namespace    string
-	warning      bool // warning instances are endpoints too
+	namespace    string // the services' namespace: the Consul namespace
+	scope        string // " in namespace team-a" outside the default scope, for notices
+	warning      bool   // warning instances are endpoints too
 }
 
 // view is one Consul service as Estuary reports it. Everything in it is
@@ -106,7 +114,7 @@ type instance struct {
 // so a service keeps its shape while its instances fail; only the instances
 // the health setting admits become endpoints.
 func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
-	n := &notices{service: name}
+	n := &notices{service: name + o.scope}
 	var insts []*instance
 	for _, e := range entries {
 		// Connect proxies and Consul's own gateways are plumbing, not services.
@@ -127,10 +135,17 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 		Ports:     servicePorts(insts, n),
 		Labels:    commonLabels(insts),
 	}
-	svc.MTLSMode = mtlsMode(insts, n)
+	svc.MTLSMode = firstMeta(insts, n, metaMTLSMode, "want STRICT, PERMISSIVE or DISABLE", func(v string) (sdk.MTLSMode, bool) {
+		m, err := sdk.ParseMTLSMode(v)
+		return m, err == nil && m != sdk.MTLSModeUnset
+	})
 	if svc.MTLSMode != sdk.MTLSModeUnset {
 		svc.MTLSModeSource = "service meta " + metaMTLSMode
 	}
+	svc.LocalityFailover = firstMeta(insts, n, metaLocalityFailover, `want "true" or "false"`, func(v string) (sdk.LocalityFailover, bool) {
+		f, err := sdk.ParseLocalityFailover(v)
+		return f, err == nil
+	})
 	for _, in := range insts {
 		if vip := in.e.Service.TaggedAddresses[taggedVirtual].Address; vip != "" {
 			svc.VIPs = map[string][]string{o.datacenter: {vip}}
@@ -168,27 +183,33 @@ func convert(name string, entries []*api.ServiceEntry, o convertOptions) view {
 	return view{service: svc, endpoints: eps, gateways: gws, notices: n.list()}
 }
 
-// mtlsMode is the service's own mTLS mode from its instances' meta: the
-// first valid value, in instance order; a value that is no mode, or that
-// disagrees with the one kept, is a notice.
-func mtlsMode(insts []*instance, n *notices) sdk.MTLSMode {
-	mode, from := sdk.MTLSModeUnset, ""
+// firstMeta is a service-wide setting read from its instances' meta key
+// (Consul keeps meta per instance): the first valid value, in instance
+// order, else T's zero value (follow the mesh). A value parse refuses
+// is a notice saying want; one that disagrees with the value kept is a
+// notice naming the instance that decided.
+func firstMeta[T interface {
+	comparable
+	fmt.Stringer
+}](insts []*instance, n *notices, key, want string, parse func(string) (T, bool)) T {
+	var kept, unset T
+	from := ""
 	for _, in := range insts {
-		v, ok := in.e.Service.Meta[metaMTLSMode]
+		v, ok := in.e.Service.Meta[key]
 		if !ok {
 			continue
 		}
-		m, err := sdk.ParseMTLSMode(v)
+		got, valid := parse(v)
 		switch {
-		case err != nil || m == sdk.MTLSModeUnset:
-			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: want STRICT, PERMISSIVE or DISABLE", metaMTLSMode, v))
-		case mode == sdk.MTLSModeUnset:
-			mode, from = m, in.id
-		case m != mode:
-			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: instance %s says %s first", metaMTLSMode, v, from, mode))
+		case !valid:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: %s", key, v, want))
+		case kept == unset:
+			kept, from = got, in.id
+		case got != kept:
+			n.add(in.id, fmt.Sprintf("meta %s = %q ignored: instance %s says %s first", key, v, from, kept))
 		}
 	}
-	return mode
+	return kept
 }
 
 func parseInstance(e *api.ServiceEntry, n *notices) *instance {

@@ -226,6 +226,36 @@ func TestConvert(t *testing.T) {
 			notice: `meta mtls_mode = "on" ignored: want STRICT, PERMISSIVE or DISABLE`,
 		},
 		{
+			name: "meta locality_failover is the service's own; the first instance decides",
+			entries: []*api.ServiceEntry{
+				inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"locality_failover": "false"}}),
+				inst("n2", "10.0.0.2", api.AgentService{Port: 8080, Meta: map[string]string{"locality_failover": "true"}}),
+			},
+			want: view{
+				service: func() *sdk.Service {
+					s := svc(tcpPort, nil)
+					s.LocalityFailover = sdk.LocalityFailoverOff
+					return s
+				}(),
+				endpoints: []sdk.Endpoint{
+					ep("10.0.0.1", "n1", func(e *sdk.Endpoint) { e.Labels = map[string]string{"locality_failover": "false"} }),
+					ep("10.0.0.2", "n2", func(e *sdk.Endpoint) { e.Labels = map[string]string{"locality_failover": "true"} }),
+				},
+			},
+			notice: `meta locality_failover = "true" ignored: instance n1/web-n1 says off first`,
+		},
+		{
+			name: "a bad meta locality_failover is ignored with a notice",
+			entries: []*api.ServiceEntry{
+				inst("n1", "10.0.0.1", api.AgentService{Port: 8080, Meta: map[string]string{"locality_failover": "yes"}}),
+			},
+			want: view{
+				service:   svc(tcpPort, map[string]string{"locality_failover": "yes"}),
+				endpoints: []sdk.Endpoint{ep("10.0.0.1", "n1", func(e *sdk.Endpoint) { e.Labels = map[string]string{"locality_failover": "yes"} })},
+			},
+			notice: `meta locality_failover = "yes" ignored: want "true" or "false"`,
+		},
+		{
 			name: "instances on different numbers: most common wins, the others get target ports",
 			entries: []*api.ServiceEntry{
 				inst("n1", "10.0.0.1", api.AgentService{Port: 8080}),

@@ -19,7 +19,10 @@ import (
 const maxNotices = 100
 
 // datacenter watches one Consul datacenter, or the services imported
-// from one cluster peer, and publishes it as one instance.
+// from one cluster peer, and publishes it as one instance. It holds the
+// services of every scope (namespace and partition) of the block: a
+// namespace is a part of its datacenter, as a Kubernetes namespace is of
+// its cluster, not a cluster of its own.
 type datacenter struct {
 	r    *run
 	name string
@@ -29,48 +32,71 @@ type datacenter struct {
 	id    sdk.InstanceID
 	state *sdk.State
 	log   hclog.Logger
-	opts  convertOptions
+	// scopes are watched each with its own catalog query; in block order.
+	scopes []*scopeState
 
 	mu sync.Mutex
 	// held is the set of hostnames the instance holds in State, shared with
 	// the runs before and after this one (never two at a time).
 	held    map[string]bool
-	watches map[string]*watch // by Consul service name
-	// views are the last published views, by Consul service name.
+	watches map[string]*watch // by scope.key of the Consul service name
+	// views are the last published views, by the watches' keys.
 	views    map[string]view
 	gateways map[string][]sdk.NetworkGateway // services that have any
 	notices  map[string][]sdk.Notice         // services that have any
 
-	catalogErr error
-	listed     bool     // the catalog has answered once
-	overflow   []string // services beyond max_watchers, not watched
-	filtered   bool     // Consul filtered the service list by ACLs
 	pending    map[string]bool
 	synced     bool
 	lastHealth string // message of the last logged failure; empty while healthy
 }
 
+// scopeState is one scope of a datacenter: its catalog query's outcome.
+type scopeState struct {
+	scope
+	opts       convertOptions
+	catalogErr error
+	listed     bool     // the catalog has answered once
+	overflow   []string // services beyond max_watchers, not watched
+	filtered   bool     // Consul filtered the service list by ACLs
+}
+
 // watch is the blocking query on one service's health.
 type watch struct {
-	name   string
+	name   string // Consul's
+	key    string // in the datacenter's maps
+	sc     *scopeState
 	cancel context.CancelFunc
 	err    error // last request's error, nil once it succeeds
 }
 
-func (r *run) newDatacenter(name string, peer bool) *datacenter {
+// label names the watch's service in messages: "web", or
+// "web (namespace team-a)" outside the default scope.
+func (w *watch) label() string { return w.sc.label(w.name) }
+
+func (s *scopeState) label(name string) string {
+	if s.scope == defaultScope {
+		return name
+	}
+	return name + " (" + s.String() + ")"
+}
+
+func (r *run) newDatacenter(name string, peer bool, scopes []scope) *datacenter {
 	id := sdk.InstanceID{Provider: sdk.ProviderConsul, Cluster: name}
 	d := &datacenter{
 		r: r, name: name, peer: peer, id: id, state: r.p.rt.State,
-		log: r.p.log.With("cluster", name),
-		opts: convertOptions{
-			datacenter: name, domainSuffix: r.s.domainSuffix, namespace: r.s.namespace, warning: r.s.warning,
-		},
+		log:      r.p.log.With("cluster", name),
 		held:     r.p.heldFor(id),
 		watches:  map[string]*watch{},
 		views:    map[string]view{},
 		gateways: map[string][]sdk.NetworkGateway{},
 		notices:  map[string][]sdk.Notice{},
 		pending:  map[string]bool{},
+	}
+	for _, sc := range scopes {
+		d.scopes = append(d.scopes, &scopeState{scope: sc, opts: convertOptions{
+			datacenter: name, domainSuffix: sc.hostSuffix(r.s.domainSuffix), namespace: sc.namespace,
+			scope: inScope(sc), warning: r.s.warning,
+		}})
 	}
 	// A datacenter is one cluster: a proxy declaring CLUSTER_ID=dc1 matches
 	// the dc1 instance only. Its network is the plugin's setting, else
@@ -81,7 +107,7 @@ func (r *run) newDatacenter(name string, peer bool) *datacenter {
 
 // watchCatalog runs the blocking query on the service list, starting and
 // stopping the per-service watches. It returns when ctx ends.
-func (d *datacenter) watchCatalog(ctx context.Context) {
+func (d *datacenter) watchCatalog(ctx context.Context, sc *scopeState) {
 	defer d.stopWatches()
 	loop := rate.NewLimiter(rate.Every(loopInterval), 1)
 	if d.peer {
@@ -99,7 +125,7 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		d.scope(q)
+		d.scope(q, sc)
 		q.RequireConsistent = relist && index == 0
 		services, meta, err := d.listServices(q)
 		cancel()
@@ -108,7 +134,7 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 		}
 		if err != nil {
 			err = d.r.explain(ctx, err)
-			d.setCatalogErr(err)
+			d.setCatalogErr(sc, err)
 			d.r.reloadToken(err)
 			if bo.Wait(ctx) != nil {
 				return
@@ -125,13 +151,14 @@ func (d *datacenter) watchCatalog(ctx context.Context) {
 			d.log.Info("catalog index went backwards; listing afresh", "got", meta.LastIndex)
 			continue
 		}
-		d.applyCatalog(ctx, services, meta.ResultsFilteredByACLs)
+		d.applyCatalog(ctx, sc, services, meta.ResultsFilteredByACLs)
 	}
 }
 
 // scope points a query at the datacenter, or at what the peer exports
-// to the local one.
-func (d *datacenter) scope(q *api.QueryOptions) {
+// to the local one, in scope sc.
+func (d *datacenter) scope(q *api.QueryOptions, sc *scopeState) {
+	sc.apply(q)
 	if d.peer {
 		q.Peer = d.name
 		return
@@ -159,7 +186,8 @@ func (d *datacenter) listServices(q *api.QueryOptions) (map[string][]string, *ap
 	if !d.peer {
 		return d.r.client.Catalog().Services(q)
 	}
-	q.Peer, q.WaitIndex = "", 0
+	// A peering belongs to a partition, not to a namespace.
+	q.Peer, q.WaitIndex, q.Namespace = "", 0, ""
 	peering, meta, err := d.r.client.Peerings().Read(q.Context(), d.name, q)
 	if err != nil {
 		return nil, nil, err
@@ -185,7 +213,7 @@ func (d *datacenter) wait(ctx context.Context, loop *rate.Limiter) error {
 
 // applyCatalog starts watches for new services and stops those of services
 // that are gone, deleting what they reported.
-func (d *datacenter) applyCatalog(ctx context.Context, services map[string][]string, filtered bool) {
+func (d *datacenter) applyCatalog(ctx context.Context, sc *scopeState, services map[string][]string, filtered bool) {
 	var names []string
 	for name, tags := range services {
 		if hasAll(tags, d.r.s.tagFilter) {
@@ -202,31 +230,32 @@ func (d *datacenter) applyCatalog(ctx context.Context, services map[string][]str
 	defer d.mu.Unlock()
 	want := make(map[string]bool, len(names))
 	for _, name := range names {
-		want[name] = true
+		want[sc.key(name)] = true
 	}
-	for _, name := range keys(d.watches) {
-		if !want[name] {
-			d.dropLocked(name)
+	for _, key := range keys(d.watches) {
+		if d.watches[key].sc == sc && !want[key] {
+			d.dropLocked(key)
 		}
 	}
 	for _, name := range names {
-		if d.watches[name] != nil {
+		key := sc.key(name)
+		if d.watches[key] != nil {
 			continue
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w := &watch{name: name, cancel: cancel}
-		d.watches[name] = w
+		w := &watch{name: name, key: key, sc: sc, cancel: cancel}
+		d.watches[key] = w
 		if !d.synced {
-			d.pending[name] = true
+			d.pending[key] = true
 		}
 		d.r.wg.Go(func() { d.watchService(wctx, w) })
 	}
-	if len(overflow) > 0 && len(overflow) != len(d.overflow) {
-		d.log.Warn("more services than max_watchers; the rest are not watched", "max_watchers", d.r.s.maxWatchers, "unwatched", len(overflow))
+	if len(overflow) > 0 && len(overflow) != len(sc.overflow) {
+		d.log.Warn("more services than max_watchers; the rest are not watched", "max_watchers", d.r.s.maxWatchers, "unwatched", len(overflow), "scope", sc.String())
 	}
-	d.overflow, d.filtered = overflow, filtered
-	d.catalogErr = nil
-	d.listed = true
+	sc.overflow, sc.filtered = overflow, filtered
+	sc.catalogErr = nil
+	sc.listed = true
 	d.healthLocked()
 	d.syncLocked()
 }
@@ -242,26 +271,26 @@ func hasAll(tags, want []string) bool {
 
 // dropLocked stops the watch of a service that left the catalog and
 // deletes what it reported.
-func (d *datacenter) dropLocked(name string) {
-	if w := d.watches[name]; w != nil {
+func (d *datacenter) dropLocked(key string) {
+	if w := d.watches[key]; w != nil {
 		w.cancel()
-		delete(d.watches, name)
+		delete(d.watches, key)
 	}
-	delete(d.pending, name)
-	d.deleteLocked(name)
+	delete(d.pending, key)
+	d.deleteLocked(key)
 }
 
-func (d *datacenter) deleteLocked(name string) {
-	v, ok := d.views[name]
-	delete(d.views, name)
+func (d *datacenter) deleteLocked(key string) {
+	v, ok := d.views[key]
+	delete(d.views, key)
 	if ok && v.service != nil {
 		d.deleteHostLocked(v.service.Hostname)
 	}
-	if _, ok := d.gateways[name]; ok {
-		delete(d.gateways, name)
+	if _, ok := d.gateways[key]; ok {
+		delete(d.gateways, key)
 		d.gatewaysLocked()
 	}
-	delete(d.notices, name)
+	delete(d.notices, key)
 }
 
 func (d *datacenter) deleteHostLocked(host string) {
@@ -293,7 +322,7 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, d.r.requestTimeout())
 		q := d.r.query(rctx, index)
-		d.scope(q)
+		d.scope(q, w.sc)
 		q.RequireConsistent = relist && index == 0
 		entries, meta, err := d.r.client.Health().ServiceMultipleTags(w.name, d.r.s.tagFilter, false, q)
 		cancel()
@@ -313,10 +342,10 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 		next, reset := nextIndex(index, meta.LastIndex)
 		index, relist = next, reset
 		if reset {
-			d.log.Info("service index went backwards; listing afresh", "service", w.name)
+			d.log.Info("service index went backwards; listing afresh", "service", w.label())
 			continue
 		}
-		d.publish(w, convert(w.name, entries, d.opts))
+		d.publish(w, convert(w.name, entries, w.sc.opts))
 	}
 }
 
@@ -324,15 +353,15 @@ func (d *datacenter) watchService(ctx context.Context, w *watch) {
 func (d *datacenter) publish(w *watch, v view) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.watches[w.name] != w {
+	if d.watches[w.key] != w {
 		return // stopped meanwhile; its service is gone
 	}
 	healthChanged := w.err != nil
 	w.err = nil
-	delete(d.pending, w.name)
-	old, had := d.views[w.name]
+	delete(d.pending, w.key)
+	old, had := d.views[w.key]
 	if !had || !old.equal(&v) {
-		d.views[w.name] = v
+		d.views[w.key] = v
 		switch {
 		case v.service != nil:
 			if had && old.service != nil && old.service.Hostname != v.service.Hostname {
@@ -344,17 +373,17 @@ func (d *datacenter) publish(w *watch, v view) {
 		}
 		if !slices.Equal(old.gateways, v.gateways) {
 			if len(v.gateways) > 0 {
-				d.gateways[w.name] = v.gateways
+				d.gateways[w.key] = v.gateways
 			} else {
-				delete(d.gateways, w.name)
+				delete(d.gateways, w.key)
 			}
 			d.gatewaysLocked()
 		}
 		if !slices.Equal(old.notices, v.notices) {
 			if len(v.notices) > 0 {
-				d.notices[w.name] = v.notices
+				d.notices[w.key] = v.notices
 			} else {
-				delete(d.notices, w.name)
+				delete(d.notices, w.key)
 			}
 			healthChanged = true
 		}
@@ -386,12 +415,25 @@ func (d *datacenter) gatewaysLocked() {
 	}
 }
 
-// syncLocked marks the instance synced once the catalog has been listed and
-// every watched service has answered. Hostnames an earlier config reported
-// and this one does not are deleted then, not before, so a reconfigure
-// never empties the instance while it catches up.
+// syncLocked marks the instance synced once the catalog of a scope has
+// been listed, every other scope's has answered (listed or failed), and
+// every watched service has answered: a namespace Consul refuses must
+// not keep the others' services from being served. Hostnames an earlier
+// config reported and this one does not are deleted then, not before, so
+// a reconfigure never empties the instance while it catches up; those of
+// a scope whose catalog failed are kept, as the last-known state.
 func (d *datacenter) syncLocked() {
-	if d.synced || !d.listed || len(d.pending) > 0 {
+	if d.synced || len(d.pending) > 0 {
+		return
+	}
+	listed := false
+	for _, sc := range d.scopes {
+		if !sc.listed && sc.catalogErr == nil {
+			return
+		}
+		listed = listed || sc.listed
+	}
+	if !listed {
 		return
 	}
 	current := map[string]bool{}
@@ -401,7 +443,7 @@ func (d *datacenter) syncLocked() {
 		}
 	}
 	for _, host := range keys(d.held) {
-		if !current[host] {
+		if sc := d.scopeOfHost(host); !current[host] && (sc == nil || sc.listed) {
 			d.deleteHostLocked(host)
 		}
 	}
@@ -413,17 +455,31 @@ func (d *datacenter) syncLocked() {
 	d.log.Info("synced", "services", len(current))
 }
 
-func (d *datacenter) setCatalogErr(err error) {
+// scopeOfHost is the scope whose hostnames end as host does: the one
+// with the longest matching suffix, as a namespace's suffix may end with
+// the default scope's. Nil when no scope of this config has it.
+func (d *datacenter) scopeOfHost(host string) *scopeState {
+	var best *scopeState
+	for _, sc := range d.scopes {
+		if strings.HasSuffix(host, "."+sc.opts.domainSuffix) && (best == nil || len(sc.opts.domainSuffix) > len(best.opts.domainSuffix)) {
+			best = sc
+		}
+	}
+	return best
+}
+
+func (d *datacenter) setCatalogErr(sc *scopeState, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.catalogErr = err
+	sc.catalogErr = err
 	d.healthLocked()
+	d.syncLocked()
 }
 
 func (d *datacenter) setWatchErr(w *watch, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.watches[w.name] != w {
+	if d.watches[w.key] != w {
 		return
 	}
 	w.err = err
@@ -441,28 +497,49 @@ func (d *datacenter) healthLocked() {
 			failing = append(failing, w)
 		}
 	}
+	var failingScopes []*scopeState
+	listed := false
+	for _, sc := range d.scopes {
+		if sc.catalogErr != nil {
+			failingScopes = append(failingScopes, sc)
+		}
+		listed = listed || sc.listed
+	}
 	switch {
-	case d.catalogErr != nil:
+	case len(failingScopes) > 0:
+		// Each failing scope is named; the others keep being served.
+		first := failingScopes[0]
 		h.Healthy = false
-		h.Message = fmt.Sprintf("%s: list services: %s; serving the last-known state", d.subject(), describe(d.catalogErr))
+		what := "list services"
+		if len(d.scopes) > 1 {
+			what = fmt.Sprintf("list services of %d of %d namespaces failing, first %s", len(failingScopes), len(d.scopes), cmp.Or(first.String(), "the default namespace"))
+		} else if first.scope != defaultScope {
+			what = "list services of " + first.String()
+		}
+		h.Message = fmt.Sprintf("%s: %s: %s; serving the last-known state", d.subject(), what, describe(first.catalogErr))
 	case len(failing) > 0:
-		first := slices.MinFunc(failing, func(a, b *watch) int { return cmp.Compare(a.name, b.name) })
+		first := slices.MinFunc(failing, func(a, b *watch) int { return cmp.Compare(a.key, b.key) })
 		h.Healthy = false
 		h.Message = fmt.Sprintf("%s: watch of %d of %d services failing, first %s: %s; serving the last-known state",
-			d.subject(), len(failing), len(d.watches), first.name, describe(first.err))
-	case !d.listed:
+			d.subject(), len(failing), len(d.watches), first.label(), describe(first.err))
+	case !listed:
 		return // nothing known yet either way
 	default:
 		h.Message = fmt.Sprintf("%s: watching %d services", d.subject(), len(d.watches))
+		if len(d.scopes) > 1 {
+			h.Message += fmt.Sprintf(" in %d namespaces", len(d.scopes))
+		}
 	}
 	subject := d.subject()
-	if len(d.overflow) > 0 {
-		h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: fmt.Sprintf(
-			"%d services are not watched because max_watchers is %d; first unwatched: %s",
-			len(d.overflow), d.r.s.maxWatchers, strings.Join(d.overflow[:min(5, len(d.overflow))], ", "))})
-	}
-	if d.filtered {
-		h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: "Consul filtered the service list by ACLs: the token cannot read every service"})
+	for _, sc := range d.scopes {
+		if len(sc.overflow) > 0 {
+			h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: fmt.Sprintf(
+				"%d services%s are not watched because max_watchers is %d; first unwatched: %s",
+				len(sc.overflow), inScope(sc.scope), d.r.s.maxWatchers, strings.Join(sc.overflow[:min(5, len(sc.overflow))], ", "))})
+		}
+		if sc.filtered {
+			h.Notices = append(h.Notices, sdk.Notice{Subject: subject, Message: "Consul filtered the service list" + inScope(sc.scope) + " by ACLs: the token cannot read every service"})
+		}
 	}
 	capped := sdk.NoticeList{Max: maxNotices, Subject: subject}
 	capped.Add(h.Notices...)

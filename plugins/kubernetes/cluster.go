@@ -365,8 +365,7 @@ func (c *cluster) publishAll() int {
 			continue
 		}
 		s := c.conv.service(svc)
-		_, err := mtlsMode(svc)
-		c.noteService(svc.Namespace, svc.Name, err)
+		c.noteService(svc.Namespace, svc.Name, annotationErr(svc))
 		snap.Services = append(snap.Services, s)
 		eps := c.conv.endpoints(svc, c.slicesOf(svc.Namespace, svc.Name), c)
 		snap.Endpoints[s.Hostname] = eps
@@ -409,8 +408,7 @@ func (c *cluster) publishService(namespace, name string) {
 		return
 	}
 	svc := obj.(*corev1.Service)
-	_, err := mtlsMode(svc)
-	c.noteService(namespace, name, err)
+	c.noteService(namespace, name, annotationErr(svc))
 	eps := c.conv.endpoints(svc, c.slicesOf(namespace, name), c)
 	defer c.publishClusterSet(svc, eps, namespace, name)
 	if err := c.state.UpsertService(c.id, c.conv.service(svc)); err != nil {

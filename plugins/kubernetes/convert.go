@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -56,6 +57,7 @@ func (c *converter) service(svc *corev1.Service) *sdk.Service {
 	if m, err := mtlsMode(svc); err == nil && m != sdk.MTLSModeUnset {
 		out.MTLSMode, out.MTLSModeSource = m, "annotation "+sdk.AnnotationMTLSMode
 	}
+	out.LocalityFailover, _ = localityFailover(svc)
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol == corev1.ProtocolSCTP {
 			continue // no proxy can carry SCTP
@@ -94,6 +96,29 @@ func mtlsMode(svc *corev1.Service) (sdk.MTLSMode, error) {
 		return sdk.MTLSModeUnset, fmt.Errorf("annotation %s = %q ignored, the service follows the mesh's mode: want STRICT, PERMISSIVE or DISABLE", sdk.AnnotationMTLSMode, v)
 	}
 	return m, nil
+}
+
+// localityFailover reads the service's own locality failover from its
+// annotation; a value that is not "true" or "false" is an error, and the
+// service follows the mesh.
+func localityFailover(svc *corev1.Service) (sdk.LocalityFailover, error) {
+	v, ok := svc.Annotations[sdk.AnnotationLocalityFailover]
+	if !ok {
+		return sdk.LocalityFailoverMesh, nil
+	}
+	f, err := sdk.ParseLocalityFailover(v)
+	if err != nil {
+		return sdk.LocalityFailoverMesh, fmt.Errorf("annotation %s = %q ignored, the service follows the mesh's locality_failover: want \"true\" or \"false\"", sdk.AnnotationLocalityFailover, v)
+	}
+	return f, nil
+}
+
+// annotationErr is what is wrong with the service's Estuary annotations,
+// nil when nothing is: the Service's notice.
+func annotationErr(svc *corev1.Service) error {
+	_, merr := mtlsMode(svc)
+	_, lerr := localityFailover(svc)
+	return errors.Join(merr, lerr)
 }
 
 func isHeadless(svc *corev1.Service) bool {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -82,6 +83,15 @@ func TestConvertService(t *testing.T) {
 			MTLSMode: sdk.MTLSModeStrict, MTLSModeSource: "annotation estuary.io/mtls-mode",
 		}},
 		{"an mTLS mode that is no mode follows the mesh", svcObj("a", func(s *corev1.Service) { s.Annotations = map[string]string{"estuary.io/mtls-mode": "strict"} }), &sdk.Service{
+			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
+			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
+		}},
+		{"own locality failover", svcObj("a", func(s *corev1.Service) { s.Annotations = map[string]string{"estuary.io/locality-failover": "false"} }), &sdk.Service{
+			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
+			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
+			LocalityFailover: sdk.LocalityFailoverOff,
+		}},
+		{"a locality failover that is no bool follows the mesh", svcObj("a", func(s *corev1.Service) { s.Annotations = map[string]string{"estuary.io/locality-failover": "yes"} }), &sdk.Service{
 			Hostname: "a.ns1.svc.example.local", Namespace: "ns1", Name: "a", Ports: ports,
 			VIPs: map[string][]string{"c1": {"10.96.0.10"}}, Labels: map[string]string{"app": "a"},
 		}},
@@ -312,5 +322,23 @@ func TestIdentityInterned(t *testing.T) {
 	}
 	if conv.identity("ns", "") != "" {
 		t.Errorf("a pod without service account has an identity")
+	}
+}
+
+// TestAnnotationErr: the Service's notice names every bad Estuary
+// annotation, and there is none when both are good or absent.
+func TestAnnotationErr(t *testing.T) {
+	if err := annotationErr(svcObj("a", func(s *corev1.Service) {
+		s.Annotations = map[string]string{"estuary.io/mtls-mode": "STRICT", "estuary.io/locality-failover": "true"}
+	})); err != nil {
+		t.Errorf("good annotations: %v", err)
+	}
+	err := annotationErr(svcObj("a", func(s *corev1.Service) {
+		s.Annotations = map[string]string{"estuary.io/mtls-mode": "strict", "estuary.io/locality-failover": "on"}
+	}))
+	for _, want := range []string{`annotation estuary.io/mtls-mode = "strict" ignored`, `annotation estuary.io/locality-failover = "on" ignored, the service follows the mesh's locality_failover`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad annotations: %v; want %q", err, want)
+		}
 	}
 }

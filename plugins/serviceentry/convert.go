@@ -158,6 +158,7 @@ func (b *builder) newHost(o *object, host string, ports []entryPort) *hostState 
 	if o.mtlsMode != sdk.MTLSModeUnset {
 		svc.MTLSMode, svc.MTLSModeSource = o.mtlsMode, "annotation "+sdk.AnnotationMTLSMode+" of "+o.key.String()
 	}
+	svc.LocalityFailover = o.localityFailover
 	if addrs := vips(se.GetAddresses()); len(addrs) > 0 {
 		svc.VIPs = map[string][]string{b.cluster: addrs}
 	}
@@ -190,6 +191,10 @@ func (b *builder) merge(h *hostState, o *object, host string, ports []entryPort)
 	if o.mtlsMode != svc.MTLSMode {
 		b.notice(o, "host %s: mTLS mode %q (annotation %s) conflicts with %q of the older %s; keeping the older",
 			host, o.mtlsMode, sdk.AnnotationMTLSMode, svc.MTLSMode, h.owner.subject())
+	}
+	if o.localityFailover != svc.LocalityFailover {
+		b.notice(o, "host %s: locality failover %s (annotation %s) conflicts with %s of the older %s; keeping the older",
+			host, o.localityFailover, sdk.AnnotationLocalityFailover, svc.LocalityFailover, h.owner.subject())
 	}
 	if !slices.Equal(se.GetExportTo(), svc.ExportTo) {
 		b.notice(o, "host %s: exportTo %v conflicts with %v of the older %s; keeping the older",

@@ -76,7 +76,9 @@ type goldenService struct {
 	SANs         []string            `json:"subjectAltNames,omitempty"`
 	MTLSMode     string              `json:"mtlsMode,omitempty"`
 	MTLSSource   string              `json:"mtlsModeSource,omitempty"`
-	Endpoints    []goldenEndpoint    `json:"endpoints,omitempty"`
+	// LocalityFailover is "on" or "off"; empty when the mesh decides.
+	LocalityFailover string           `json:"localityFailover,omitempty"`
+	Endpoints        []goldenEndpoint `json:"endpoints,omitempty"`
 }
 
 type goldenPort struct {
@@ -107,6 +109,9 @@ func renderGolden(t *testing.T, snap sdk.Snapshot, notices []sdk.Notice) []byte 
 			Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, VIPs: s.VIPs, Labels: s.Labels,
 			Resolution: s.Resolution.String(), MeshExternal: s.MeshExternal, ExportTo: s.ExportTo, SANs: s.SubjectAltNames,
 			MTLSMode: s.MTLSMode.String(), MTLSSource: s.MTLSModeSource,
+		}
+		if s.LocalityFailover != sdk.LocalityFailoverMesh {
+			gs.LocalityFailover = s.LocalityFailover.String()
 		}
 		for _, p := range s.Ports {
 			gs.Ports = append(gs.Ports, goldenPort{Name: p.Name, Number: p.Number, Protocol: p.Protocol})

@@ -90,6 +90,10 @@ type object struct {
 	// mtlsMode is a ServiceEntry's own mTLS mode, from the annotation
 	// sdk.AnnotationMTLSMode: what Istio would read from a DestinationRule.
 	mtlsMode sdk.MTLSMode
+	// localityFailover is a ServiceEntry's own locality failover, from
+	// the annotation sdk.AnnotationLocalityFailover: what Istio would
+	// read from a DestinationRule's localityLbSetting.
+	localityFailover sdk.LocalityFailover
 }
 
 // subject names the object in notices.
@@ -322,6 +326,13 @@ func decodeJSON(js []byte, where, defaultNamespace string) []decoded {
 				o.warnings = append(o.warnings, fmt.Sprintf("metadata.annotations[%s]: %q ignored, the hosts follow the mesh's mTLS mode: want STRICT, PERMISSIVE or DISABLE", sdk.AnnotationMTLSMode, v))
 			}
 			o.mtlsMode = m
+		}
+		if v, ok := env.Metadata.Annotations[sdk.AnnotationLocalityFailover]; ok {
+			f, err := sdk.ParseLocalityFailover(v)
+			if err != nil {
+				o.warnings = append(o.warnings, fmt.Sprintf("metadata.annotations[%s]: %q ignored, the hosts follow the mesh's locality_failover: want \"true\" or \"false\"", sdk.AnnotationLocalityFailover, v))
+			}
+			o.localityFailover = f
 		}
 	} else {
 		d.errs = validateWorkloadEntry(o.we)
