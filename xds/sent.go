@@ -101,7 +101,13 @@ func (r *record) len() int {
 
 // plain returns the names and versions the stream holds as a new map.
 func (r *record) plain() map[string]string {
-	out := make(map[string]string, len(r.m))
+	if r.base == nil {
+		if r.m == nil {
+			return map[string]string{}
+		}
+		return maps.Clone(r.m) // copies the table whole: the common case, EDS
+	}
+	out := make(map[string]string, len(r.m)+len(r.base.vers))
 	if r.base != nil {
 		maps.Copy(out, r.base.vers)
 	}
