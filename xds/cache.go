@@ -666,7 +666,14 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 	c.version++
 	out := make([]*discoveryv3.Resource, len(rs))
 	for i, r := range rs {
-		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
+		// One wrapper per resource, not per response: a Delta client's
+		// initial CDS would otherwise allocate one per cluster, held
+		// until the client has read it, a fleet connecting at once
+		// holding them all. Nothing writes to a response's resources.
+		if r.delta == nil {
+			r.delta = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
+		}
+		out[i] = r.delta
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
 	select {
