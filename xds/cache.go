@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"weak"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -120,6 +121,11 @@ type viewState struct {
 	// gateways holds a router view's SNI listener per visibility set
 	// (visSet.key) that hides something: visibility.go.
 	gateways map[string]*Resource
+	// sent holds, per full-state type, the sets streams were sent, by
+	// version, weakly; sentSweep is the size at which dead ones are next
+	// swept: sent.go.
+	sent      [numTypes]map[string]weak.Pointer[sentSet]
+	sentSweep [numTypes]int
 }
 
 // touched records that type t's resources changed.
@@ -332,6 +338,10 @@ type watch struct {
 	// mark is the Cache.mark of the last collect that took w, so a watch
 	// in several sets is collected once.
 	mark uint64
+	// rec is what the stream held when w opened; sent is the set w
+	// answered with, if a whole one. w keeps both alive: sent.go.
+	rec  record
+	sent *sentSet
 }
 
 // watchSet is the open watches of one name (or the wildcard watches) of
@@ -398,7 +408,7 @@ func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, ch chan 
 	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, sotwReq: req, sotwCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
-	return c.open(c.viewOf(&node), w), nil
+	return c.open(c.viewOf(&node), w)
 }
 
 // CreateDeltaWatch opens an incremental watch.
@@ -414,7 +424,7 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 	}
 	node := ParseNode(req.GetNode())
 	w := &watch{t: t, sub: sub, deltaReq: req, deltaCh: ch, wildcard: sub.IsWildcard(), names: slices.Sorted(maps.Keys(sub.SubscribedResources())), ns: node.Namespace}
-	return c.open(c.viewOf(&node), w), nil
+	return c.open(c.viewOf(&node), w)
 }
 
 // viewOf is the view of a node: its locality counts only with locality
@@ -439,13 +449,24 @@ func (c *Cache) checkNames(n int) error {
 	return errLimit(limitResourceNames, "a request names %d resources, more than %d", n, c.maxNames)
 }
 
-func (c *Cache) open(v model.View, w *watch) func() {
+func (c *Cache) open(v model.View, w *watch) (func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	vs := c.viewLocked(v)
 	w.vs = vs
+	rec, err := c.recordLocked(w)
+	if err != nil {
+		return nil, err
+	}
+	if w.deltaCh != nil {
+		materializeUnsubscribed(&rec, w.deltaReq, w.wildcard && len(w.names) == 0)
+	}
+	w.rec = rec
+	// The cancel func holds w, and so what its stream was sent, until the
+	// server has opened the stream's next watch of the type: sent.go.
+	cancel := func() { c.cancel(w) }
 	if c.respondLocked(w) {
-		return func() {}
+		return cancel, nil
 	}
 	if c.held && c.onHold != nil {
 		c.onHold()
@@ -462,7 +483,7 @@ func (c *Cache) open(v model.View, w *watch) func() {
 	if w.wildcard {
 		vs.wildcard[w.t].add(w) // last, as watch.in says
 	}
-	return func() { c.cancel(w) }
+	return cancel, nil
 }
 
 func (c *Cache) cancel(w *watch) {
@@ -517,9 +538,10 @@ func (c *Cache) answerLocked(ws []*watch) int {
 // respondLocked answers w if the client lacks anything it should have, and
 // reports whether it did. A watch answers at most once: the server opens a
 // new one with the client's next request. If the stream's channel had no
-// room, w is not answered: it stays open and a retry is scheduled. The subscription records what
-// was sent when it was sent, so a NACKed version is never sent again: only
-// a new version of the resource is.
+// room, w is not answered: it stays open and a retry is scheduled. The
+// stream's record (sent.go) says what it was sent when it was sent, so a
+// NACKed version is never sent again: only a new version of the resource
+// is.
 func (c *Cache) respondLocked(w *watch) bool {
 	if c.held {
 		return false
@@ -529,12 +551,21 @@ func (c *Cache) respondLocked(w *watch) bool {
 	if w.wildcard {
 		names = c.wildcardNames(vs, w.t)
 	}
-	var send []*Resource
-	if w.sotwCh != nil && fullState[w.t] && w.wildcard && w.sotwReq.GetErrorDetail() == nil &&
-		w.sotwReq.GetVersionInfo() == c.fullVersionFor(w) {
-		return false // the client acknowledged the current set
+	rec := &w.rec
+	// A wildcard watch of a full-state type is sent, and recorded as,
+	// the whole set of its version.
+	whole := fullState[w.t] && w.wildcard
+	var cur string
+	if whole {
+		cur = c.fullVersionFor(w)
+		if rec.baseVersion == cur {
+			return false // the stream holds this set, or rejected it
+		}
+		if w.sotwCh != nil && w.sotwReq.GetErrorDetail() == nil && w.sotwReq.GetVersionInfo() == cur {
+			return false // the client acknowledged the current set
+		}
 	}
-	returned := w.sub.ReturnedResources()
+	var send []*Resource
 	if w.sotwCh != nil && fullState[w.t] {
 		// The whole set goes, if anything in it changed or went away.
 		changed := false
@@ -546,48 +577,56 @@ func (c *Cache) respondLocked(w *watch) bool {
 			}
 			present++
 			send = append(send, r)
-			if returned[n] != r.Version() {
+			if v, ok := rec.version(n); !ok || v != r.Version() {
 				changed = true
 			}
 		}
-		for n := range returned {
-			if c.visibleLocked(w, n) == nil || (!w.wildcard && !slices.Contains(w.names, n)) {
-				changed = true
-			}
+		if !changed {
+			rec.each(func(n string) {
+				if c.visibleLocked(w, n) == nil || (!w.wildcard && !slices.Contains(w.names, n)) {
+					changed = true
+				}
+			})
 		}
-		if !changed && present == len(returned) {
+		if !changed && present == rec.len() {
 			return false
+		}
+		if whole {
+			w.sent = c.sentSetLocked(w, cur, names)
+			return c.sendSotW(w, send, map[string]string{baseKey: cur}, cur)
 		}
 		next := make(map[string]string, len(send))
 		for _, r := range send {
 			next[r.Name] = r.Version()
 		}
-		version := ""
-		if w.wildcard {
-			version = c.fullVersionFor(w)
-		}
-		return c.sendSotW(w, send, next, version)
+		return c.sendSotW(w, send, next, "")
 	}
 	for _, n := range names {
-		if r := c.visibleLocked(w, n); r != nil && returned[n] != r.Version() {
-			send = append(send, r)
+		if r := c.visibleLocked(w, n); r != nil {
+			if v, ok := rec.version(n); !ok || v != r.Version() {
+				send = append(send, r)
+			}
 		}
 	}
 	var removed []string
 	if w.deltaCh != nil {
-		for n := range returned {
+		rec.each(func(n string) {
 			if c.visibleLocked(w, n) == nil {
 				removed = append(removed, n)
 			}
-		}
+		})
 	}
 	if len(send) == 0 && len(removed) == 0 {
 		return false
 	}
-	next := maps.Clone(returned)
-	if next == nil {
-		next = map[string]string{}
+	slices.Sort(removed)
+	if w.deltaCh != nil && whole {
+		// Sent what differs and removed what is gone, the stream holds
+		// the current set.
+		w.sent = c.sentSetLocked(w, cur, names)
+		return c.sendDelta(w, send, removed, map[string]string{baseKey: cur})
 	}
+	next := rec.plain()
 	for _, r := range send {
 		next[r.Name] = r.Version()
 	}
@@ -595,7 +634,6 @@ func (c *Cache) respondLocked(w *watch) bool {
 		delete(next, n)
 	}
 	if w.deltaCh != nil {
-		slices.Sort(removed)
 		return c.sendDelta(w, send, removed, next)
 	}
 	return c.sendSotW(w, send, next, "")
@@ -628,7 +666,14 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 	c.version++
 	out := make([]*discoveryv3.Resource, len(rs))
 	for i, r := range rs {
-		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
+		// One wrapper per resource, not per response: a Delta client's
+		// initial CDS would otherwise allocate one per cluster, held
+		// until the client has read it, a fleet connecting at once
+		// holding them all. Nothing writes to a response's resources.
+		if r.delta == nil {
+			r.delta = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
+		}
+		out[i] = r.delta
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
 	select {

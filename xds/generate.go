@@ -15,6 +15,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -46,6 +47,9 @@ type Resource struct {
 	any     anypb.Any // Any points here: one allocation per resource
 	version [13]byte  // the version's bytes: a base-36 uint64 fits
 	nver    uint8
+	// delta is the resource as Delta responses carry it, made on first
+	// use (under the cache's lock) and shared by every one: cache.go.
+	delta *discoveryv3.Resource
 }
 
 // Version is the resource's version: a hash of its bytes. It reads the

@@ -355,6 +355,10 @@ func (s *Server) Run(ctx context.Context) error {
 		// with an idle connection. Responses are no smaller or slower for it.
 		grpc.ReadBufferSize(serverReadBuffer),
 		grpc.SharedWriteBuffer(true),
+		// A proxy opens one ADS stream and sends its request headers once,
+		// so HPACK's dynamic table (4 KiB each way by default, kept for the
+		// connection's life) saves nothing: clients are told to use none.
+		grpc.HeaderTableSize(0),
 		// Responses reference the cache's marshaled resources rather than
 		// copying them once per client (see sharedCodec).
 		grpc.ForceServerCodecV2(newSharedCodec()),
