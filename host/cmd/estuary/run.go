@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
@@ -298,11 +299,21 @@ func (h *server) reload() {
 	// A file caught between its truncation and its writing is empty, and
 	// valid HCL: applied, it would stop every plugin. No one reloads to
 	// an empty file on purpose.
-	if b, err := os.ReadFile(h.path); err == nil && len(bytes.TrimSpace(b)) == 0 {
+	src, err := os.ReadFile(h.path)
+	if err == nil && len(bytes.TrimSpace(src)) == 0 {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", h.path+" is empty (read while being written?)")
 		return
 	}
-	next, diags := load(h.path)
+	// The bytes checked are the bytes applied: reading the file again
+	// could catch another write, and costs a read of it (1 MB for a
+	// static plugin's 10,000 endpoints).
+	var next *config.File
+	var diags hcl.Diagnostics
+	if err != nil {
+		next, diags = load(h.path) // reports the error as a start does
+	} else {
+		next, diags = validated(config.Parse(h.path, src, catalog.Names()))
+	}
 	if diags.HasErrors() {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
 		return
