@@ -112,7 +112,7 @@ func Decode(body hcl.Body, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
 	}
 	if os, ok := spec.(hcldec.ObjectSpec); ok {
 		if d, ok := compile(os); ok {
-			return decodeJSON(d, body)
+			return decodeJSON(d, body, nil)
 		}
 	}
 	return decodeHCLDec(body, spec)

@@ -7,11 +7,15 @@ import (
 	"math/big"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hcldec"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
 	"github.com/zclconf/go-cty/cty/convert"
+
+	"github.com/estuary-mesh/estuary/sdk"
 )
 
 // blockDecoder decodes a body against one level of a schema straight into
@@ -90,10 +94,11 @@ func mapKeys(spec hcldec.ObjectSpec) func(func(string) bool) {
 	}
 }
 
-// decodeJSON is Decode with d.
-func decodeJSON(d *blockDecoder, body hcl.Body) ([]byte, hcl.Diagnostics) {
+// decodeJSON is Decode with d; memo, if not nil, serves and records the
+// body's first-level blocks.
+func decodeJSON(d *blockDecoder, body hcl.Body, memo *memo) ([]byte, hcl.Diagnostics) {
 	var buf bytes.Buffer
-	diags := d.decode(body, nil, &buf)
+	diags := d.decode(body, nil, &buf, memo)
 	sortByPosition(diags)
 	if diags.HasErrors() {
 		return nil, diags
@@ -103,7 +108,7 @@ func decodeJSON(d *blockDecoder, body hcl.Body) ([]byte, hcl.Diagnostics) {
 
 // decode writes body as a JSON object to buf. What it writes is only
 // meaningful when the diagnostics hold no error.
-func (d *blockDecoder) decode(body hcl.Body, labels []string, buf *bytes.Buffer) hcl.Diagnostics {
+func (d *blockDecoder) decode(body hcl.Body, labels []string, buf *bytes.Buffer, memo *memo) hcl.Diagnostics {
 	content, diags := body.Content(d.schema)
 	buf.WriteByte('{')
 	for i := range d.fields {
@@ -123,7 +128,7 @@ func (d *blockDecoder) decode(body hcl.Body, labels []string, buf *bytes.Buffer)
 		case f.attr != nil:
 			diags = append(diags, f.decodeAttr(content, buf)...)
 		default:
-			diags = append(diags, f.decodeBlocks(content, buf)...)
+			diags = append(diags, f.decodeBlocks(content, buf, memo)...)
 		}
 	}
 	buf.WriteByte('}')
@@ -178,8 +183,9 @@ func (f *field) decodeAttr(content *hcl.BodyContent, buf *bytes.Buffer) hcl.Diag
 	return diags
 }
 
-// decodeBlocks is hcldec's BlockListSpec decode, without the list.
-func (f *field) decodeBlocks(content *hcl.BodyContent, buf *bytes.Buffer) hcl.Diagnostics {
+// decodeBlocks is hcldec's BlockListSpec decode, without the list. With
+// a memo, a block whose source text it holds is not decoded again.
+func (f *field) decodeBlocks(content *hcl.BodyContent, buf *bytes.Buffer, memo *memo) hcl.Diagnostics {
 	var diags hcl.Diagnostics
 	buf.WriteByte('[')
 	n := 0
@@ -191,7 +197,17 @@ func (f *field) decodeBlocks(content *hcl.BodyContent, buf *bytes.Buffer) hcl.Di
 		if n > 0 {
 			buf.WriteByte(',')
 		}
-		diags = append(diags, f.nested.decode(b.Body, b.Labels, buf)...)
+		key, cacheable := memo.key(f.typeName, b)
+		if js, ok := memo.get(key, cacheable); ok {
+			buf.Write(js)
+		} else {
+			start := buf.Len()
+			d := f.nested.decode(b.Body, b.Labels, buf, nil)
+			if len(d) == 0 && cacheable {
+				memo.put(key, buf.Bytes()[start:])
+			}
+			diags = append(diags, d...)
+		}
 		if n == f.maxItems {
 			extra = b.Body.MissingItemRange()
 		}
@@ -288,4 +304,85 @@ func writeString(buf *bytes.Buffer, s string) {
 	buf.WriteByte('"')
 	buf.WriteString(s)
 	buf.WriteByte('"')
+}
+
+// Cache remembers the JSON of the blocks at the first level of one
+// plugin's config block (a static plugin's services) by their source
+// text, so that decoding the block again, on a reload, decodes only the
+// blocks that changed. A block's JSON depends on its text alone; only
+// blocks that decoded without a diagnostic are kept, so a problem is
+// always found again, with its position. The zero value is empty.
+type Cache struct {
+	mu     sync.Mutex
+	schema *sdk.Schema
+	blocks map[string][]byte
+}
+
+// Decode is the package's Decode for a body parsed from src, the file's
+// whole content: it takes unchanged blocks from c, and keeps what it
+// decoded for the next call when there was no error.
+func (c *Cache) Decode(body hcl.Body, src []byte, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
+	spec, err := Spec(schema)
+	if err != nil {
+		return Decode(body, schema)
+	}
+	os, ok := spec.(hcldec.ObjectSpec)
+	if !ok {
+		return Decode(body, schema)
+	}
+	d, ok := compile(os)
+	if !ok {
+		return Decode(body, schema)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := &memo{src: src, next: map[string][]byte{}}
+	if Equal(c.schema, schema) {
+		m.prev = c.blocks
+	}
+	js, diags := decodeJSON(d, body, m)
+	if !diags.HasErrors() {
+		// What the file no longer holds is forgotten.
+		c.schema, c.blocks = schema, m.next
+	}
+	return js, diags
+}
+
+// memo is one decode's use of a Cache.
+type memo struct {
+	src        []byte
+	prev, next map[string][]byte
+}
+
+// key is the cache key of block b: its type and its source text, from
+// its type name to its closing brace. A block not parsed from src by
+// hclsyntax has none.
+func (m *memo) key(typeName string, b *hcl.Block) (string, bool) {
+	if m == nil {
+		return "", false
+	}
+	body, ok := b.Body.(*hclsyntax.Body)
+	if !ok {
+		return "", false
+	}
+	from, to := b.DefRange.Start.Byte, body.SrcRange.End.Byte
+	if b.DefRange.Filename != body.SrcRange.Filename || from < 0 || from > to || to > len(m.src) {
+		return "", false
+	}
+	return typeName + "\x00" + string(m.src[from:to]), true
+}
+
+func (m *memo) get(key string, cacheable bool) ([]byte, bool) {
+	if !cacheable {
+		return nil, false
+	}
+	js, ok := m.prev[key]
+	if ok {
+		m.next[key] = js
+	}
+	return js, ok
+}
+
+func (m *memo) put(key string, js []byte) {
+	m.next[key] = bytes.Clone(js)
 }

@@ -47,7 +47,10 @@ func runHost(args []string) int {
 	secrets := &redact.Secrets{}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "estuary", Level: hclog.LevelFromString(*level), JSONFormat: *jsonLogs, Output: secrets.Writer(os.Stderr)})
 
-	file, diags := load(*path)
+	caches := decodeCaches{}
+	file, diags := config.Load(*path, catalog.Names())
+	caches.attach(file)
+	file, diags = validated(file, diags)
 	if diags.HasErrors() {
 		fmt.Fprint(os.Stderr, config.Format(diags))
 		return 1
@@ -71,6 +74,7 @@ func runHost(args []string) int {
 		logger.Error("cannot start", "error", err)
 		return 1
 	}
+	h.caches = caches
 	if err := h.run(context.Background(), signals, func() {
 		adminScheme := "http"
 		if file.Admin.TLS != nil {
@@ -116,6 +120,8 @@ type server struct {
 
 	mu      sync.Mutex
 	current *config.File // the config in effect, for /debug/configz
+
+	caches decodeCaches // used by reload only, on the signal goroutine
 }
 
 // component is a long-lived part of the host. Run serves until ctx ends,
@@ -129,7 +135,7 @@ type component struct {
 // newServer builds the host for file and binds its listeners; nothing runs
 // until run.
 func newServer(path string, file *config.File, self string, logger hclog.Logger, secrets *redact.Secrets) (*server, error) {
-	h := &server{logger: logger, path: path, current: file}
+	h := &server{logger: logger, path: path, current: file, caches: decodeCaches{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -312,7 +318,9 @@ func (h *server) reload() {
 	if err != nil {
 		next, diags = load(h.path) // reports the error as a start does
 	} else {
-		next, diags = validated(config.Parse(h.path, src, catalog.Names()))
+		next, diags = config.Parse(h.path, src, catalog.Names())
+		h.caches.attach(next)
+		next, diags = validated(next, diags)
 	}
 	if diags.HasErrors() {
 		h.logger.Error("reload rejected; keeping the running configuration", "errors", "\n"+config.Format(diags))
