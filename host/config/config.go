@@ -226,6 +226,12 @@ type Plugin struct {
 	ConfigJSON []byte `json:"-"`
 	// Schema is the plugin's schema ConfigJSON was decoded against.
 	Schema *sdk.Schema `json:"-"`
+	// DecodeCache, if set, is what DecodeConfig keeps between loads of
+	// the file, so that a reload decodes only the blocks that changed
+	// (the host sets one per plugin label).
+	DecodeCache *configschema.Cache `json:"-"`
+	// source is the whole file Config was parsed from.
+	source []byte
 	// DeclRange is where the block starts.
 	DeclRange hcl.Range `json:"-"`
 	// PathRange and SHA256Range point at those attributes.
@@ -384,6 +390,7 @@ func Parse(filename string, src []byte, bundled []string) (*File, hcl.Diagnostic
 			p, d := decodePlugin(b, bundled)
 			diags = append(diags, d...)
 			if p != nil {
+				p.source = src
 				out.Plugins = append(out.Plugins, p)
 			}
 		}
@@ -726,7 +733,13 @@ func checkBinaryFile(path string, fi os.FileInfo) string {
 
 // DecodeConfig decodes the plugin's config block against its schema.
 func (p *Plugin) DecodeConfig(schema *sdk.Schema) hcl.Diagnostics {
-	js, diags := configschema.Decode(p.Config, schema)
+	var js []byte
+	var diags hcl.Diagnostics
+	if p.DecodeCache != nil {
+		js, diags = p.DecodeCache.Decode(p.Config, p.source, schema)
+	} else {
+		js, diags = configschema.Decode(p.Config, schema)
+	}
 	if !diags.HasErrors() {
 		p.ConfigJSON, p.Schema = js, schema
 	}

@@ -6,6 +6,7 @@ package static
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -26,6 +27,22 @@ type plugin struct {
 	state *sdk.State
 	mu    sync.Mutex
 	id    sdk.InstanceID // current instance, zero before the first Configure
+	// built are the services of the last accepted block, so that a reload
+	// builds only those that changed.
+	built *builtServices
+}
+
+// builtServices holds each service built from a block, by its JSON and
+// the cluster it was built for: a service's result depends on nothing
+// else. Only services built without a diagnostic are kept.
+type builtServices struct {
+	cluster  string
+	services map[string]builtService
+}
+
+type builtService struct {
+	svc *sdk.Service
+	eps []sdk.Endpoint
 }
 
 var _ sdk.Plugin = (*plugin)(nil)
@@ -89,10 +106,11 @@ var schema = &sdk.Schema{
 }
 
 type config struct {
-	Cluster  *string         `json:"cluster"`
-	Network  *string         `json:"network"`
-	Services []serviceConfig `json:"service"`
-	Gateways []gatewayConfig `json:"gateway"`
+	Cluster *string `json:"cluster"`
+	Network *string `json:"network"`
+	// Services are decoded one by one, each only if it changed.
+	Services []json.RawMessage `json:"service"`
+	Gateways []gatewayConfig   `json:"gateway"`
 }
 
 type serviceConfig struct {
@@ -148,12 +166,13 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 	if err := req.Decode(&cfg); err != nil {
 		return nil, fmt.Errorf("static: decode config: %w", err)
 	}
-	id, props, snap, diags := build(&cfg, req.Mesh)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id, props, snap, built, diags := build(&cfg, req.Mesh, p.built)
 	if diags.HasErrors() {
 		return &sdk.ConfigureResponse{Diagnostics: diags}, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.built = built
 	if p.id != (sdk.InstanceID{}) && p.id != id {
 		p.state.RemoveInstance(p.id)
 	}
@@ -173,10 +192,15 @@ func (p *plugin) Configure(ctx context.Context, req *sdk.ConfigureRequest) (*sdk
 }
 
 // build converts the config into one instance's snapshot, collecting every
-// problem with the path to its attribute.
-func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProperties, sdk.Snapshot, sdk.Diagnostics) {
+// problem with the path to its attribute. Services prev holds unchanged
+// are taken from it; it returns what the next build may take.
+func build(cfg *config, mesh sdk.MeshSettings, prev *builtServices) (sdk.InstanceID, sdk.InstanceProperties, sdk.Snapshot, *builtServices, sdk.Diagnostics) {
 	var diags sdk.Diagnostics
 	cluster := sdk.ValueOr(cfg.Cluster, mesh.ClusterID)
+	if prev == nil || prev.cluster != cluster {
+		prev = &builtServices{}
+	}
+	next := &builtServices{cluster: cluster, services: make(map[string]builtService, len(cfg.Services))}
 	if cluster == "" {
 		diags.Errorf([]string{"cluster"}, "cluster must not be empty")
 	}
@@ -184,16 +208,32 @@ func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProp
 	props := sdk.InstanceProperties{DefaultNetwork: sdk.ValueOr(cfg.Network, mesh.NetworkOf(cluster))}
 	snap := sdk.Snapshot{Endpoints: map[string][]sdk.Endpoint{}}
 	seen := map[string]bool{}
-	for i, sc := range cfg.Services {
+	for i, raw := range cfg.Services {
 		path := []string{"service", strconv.Itoa(i)}
-		if seen[sc.Hostname] {
-			diags.Errorf(path, "service %q is declared twice", sc.Hostname)
+		b, ok := prev.services[string(raw)]
+		if !ok {
+			var sc serviceConfig
+			if err := json.Unmarshal(raw, &sc); err != nil {
+				diags.Errorf(path, "cannot decode the service: %v", err)
+				continue
+			}
+			var sd sdk.Diagnostics
+			b.svc, b.eps = buildService(&sc, cluster, path, &sd)
+			if len(sd) > 0 {
+				diags = append(diags, sd...) // and built again next time, to report them again
+			} else {
+				next.services[string(raw)] = b
+			}
+		} else {
+			next.services[string(raw)] = b
+		}
+		if seen[b.svc.Hostname] {
+			diags.Errorf(path, "service %q is declared twice", b.svc.Hostname)
 			continue
 		}
-		seen[sc.Hostname] = true
-		svc, eps := buildService(&sc, cluster, path, &diags)
-		snap.Services = append(snap.Services, svc)
-		snap.Endpoints[svc.Hostname] = eps
+		seen[b.svc.Hostname] = true
+		snap.Services = append(snap.Services, b.svc)
+		snap.Endpoints[b.svc.Hostname] = b.eps
 	}
 	for i, gc := range cfg.Gateways {
 		path := []string{"gateway", strconv.Itoa(i)}
@@ -209,7 +249,7 @@ func build(cfg *config, mesh sdk.MeshSettings) (sdk.InstanceID, sdk.InstanceProp
 			Locality: sdk.ParseLocality(sdk.ValueOr(gc.Locality, "")),
 		})
 	}
-	return id, props, snap, diags
+	return id, props, snap, next, diags
 }
 
 func buildService(sc *serviceConfig, cluster string, path []string, diags *sdk.Diagnostics) (*sdk.Service, []sdk.Endpoint) {

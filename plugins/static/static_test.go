@@ -145,7 +145,7 @@ service "a.b" {}`, []string{"service", "1"}, "declared twice"},
 			if err := req.Decode(&cfg); err != nil {
 				t.Fatal(err)
 			}
-			_, _, _, ds := build(&cfg, sdk.MeshSettings{ClusterID: "c1"})
+			_, _, _, _, ds := build(&cfg, sdk.MeshSettings{ClusterID: "c1"}, nil)
 			for _, d := range ds {
 				if slices.Equal(d.Path, tt.wantPath) && strings.Contains(d.Summary, tt.wantMsg) {
 					return
@@ -172,7 +172,7 @@ func TestProtocolSpelling(t *testing.T) {
 		if err := (&sdk.ConfigureRequest{ConfigJSON: js}).Decode(&cfg); err != nil {
 			t.Fatal(err)
 		}
-		_, _, snap, ds := build(&cfg, sdk.MeshSettings{ClusterID: "c1"})
+		_, _, snap, _, ds := build(&cfg, sdk.MeshSettings{ClusterID: "c1"}, nil)
 		if ds.HasErrors() || snap.Services[0].Ports[0].Protocol != want {
 			t.Errorf("protocol %q: got %v (%v), want %q", in, snap.Services[0].Ports, ds, want)
 		}
@@ -182,4 +182,47 @@ func TestProtocolSpelling(t *testing.T) {
 func TestConfigureHonoursContext(t *testing.T) {
 	p, _ := sdktest.Direct(t, Factory)
 	sdktest.ConfigureHonoursContext(t, p, &sdk.ConfigureRequest{ConfigJSON: []byte(`{"cluster": "c1"}`)})
+}
+
+// TestRebuildTakesOnlyWhatIsUnchanged: a reconfigure takes an unchanged
+// service from the previous build, but not one built for another
+// cluster, and never one that had problems.
+func TestRebuildTakesOnlyWhatIsUnchanged(t *testing.T) {
+	decode := func(src string) *config {
+		t.Helper()
+		js, diags := configschema.ParseHCL("t.hcl", []byte(src), schema)
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		var cfg config
+		if err := (&sdk.ConfigureRequest{ConfigJSON: js}).Decode(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		return &cfg
+	}
+	const svc = `service "a.b" {
+  addresses = ["10.0.0.1"]
+  endpoint { address = "10.1.0.1" }
+}
+`
+	_, _, snap1, built, ds := build(decode("cluster = \"c1\"\n"+svc), sdk.MeshSettings{}, nil)
+	if ds.HasErrors() || len(built.services) != 1 {
+		t.Fatalf("first build: %v, %d kept", ds, len(built.services))
+	}
+	_, _, snap2, built, _ := build(decode("cluster = \"c1\"\n"+svc+`service "c.d" {}`), sdk.MeshSettings{}, built)
+	if snap2.Services[0] != snap1.Services[0] {
+		t.Error("the unchanged service was built again")
+	}
+	_, _, snap3, _, _ := build(decode("cluster = \"c2\"\n"+svc), sdk.MeshSettings{}, built)
+	if vips := snap3.Services[0].VIPs; len(vips["c2"]) != 1 || len(vips["c1"]) != 0 {
+		t.Errorf("VIPs after the cluster changed = %v, want them under c2", vips)
+	}
+	bad := "cluster = \"c1\"\nservice \"a.b\" {\n  mtls_mode = \"SOMETIMES\"\n}\n"
+	_, _, _, built, ds = build(decode(bad), sdk.MeshSettings{}, nil)
+	if !ds.HasErrors() {
+		t.Fatal("bad mtls_mode accepted")
+	}
+	if _, _, _, _, ds = build(decode(bad), sdk.MeshSettings{}, built); !ds.HasErrors() {
+		t.Error("a service with problems was taken from the previous build")
+	}
 }

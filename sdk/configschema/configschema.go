@@ -110,6 +110,17 @@ func Decode(body hcl.Body, schema *sdk.Schema) ([]byte, hcl.Diagnostics) {
 	if err != nil {
 		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Plugin declared an invalid config schema", Detail: err.Error()}}
 	}
+	if os, ok := spec.(hcldec.ObjectSpec); ok {
+		if d, ok := compile(os); ok {
+			return decodeJSON(d, body, nil)
+		}
+	}
+	return decodeHCLDec(body, spec)
+}
+
+// decodeHCLDec is Decode through hcldec and cty's JSON: for schemas the
+// block decoder does not take, and, in tests, the reference it is held to.
+func decodeHCLDec(body hcl.Body, spec hcldec.Spec) ([]byte, hcl.Diagnostics) {
 	val, diags := hcldec.Decode(body, spec, nil)
 	sortByPosition(diags)
 	if diags.HasErrors() {

@@ -3,8 +3,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -94,7 +92,6 @@ func TestFleet(t *testing.T) {
 const (
 	fleetWatch = 10
 	fleetHot   = 5
-	fleetNS    = "fleet"
 )
 
 type fleetConfig struct {
@@ -372,26 +369,6 @@ func pcts(ds []time.Duration) string {
 }
 
 // cpuSeconds is utime+stime of pid, from /proc/PID/stat.
-func cpuSeconds(t *testing.T, pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name may hold spaces; fields count from after its ')'.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // USER_HZ is 100 on Linux
-}
-
-func pluginsCPU(t *testing.T, pids []int) float64 {
-	var s float64
-	for _, p := range pids {
-		s += cpuSeconds(t, p)
-	}
-	return s
-}
-
 func (r *fleetRun) pluginPIDs() []int {
 	var ps pluginz
 	r.h.getJSON("/debug/pluginz", &ps)
@@ -597,20 +574,4 @@ func timeValidate(t *testing.T, path string) time.Duration {
 		t.Fatalf("estuary validate: %v\n%s", err, out)
 	}
 	return time.Since(t0).Round(time.Millisecond)
-}
-
-func fleetStaticBlocks(counts []int) string {
-	var b strings.Builder
-	w := bufio.NewWriter(&b)
-	fmt.Fprintf(w, "plugin \"static\" {\n  config {\n    cluster = \"cluster1\"\n    network = \"network1\"\n")
-	for s, n := range counts {
-		fmt.Fprintf(w, "    service \"svc-%04d.%s.svc.cluster.local\" {\n      namespace = %q\n      port \"http\" {\n        number   = 8080\n        protocol = \"HTTP\"\n      }\n", s, fleetNS, fleetNS)
-		for e := range n {
-			fmt.Fprintf(w, "      endpoint {\n        address = \"10.%d.%d.%d\"\n        ports   = { http = 8080 }\n      }\n", 100+s>>8, s&255, e+1)
-		}
-		w.WriteString("    }\n")
-	}
-	w.WriteString("  }\n}\n")
-	w.Flush()
-	return b.String()
 }

@@ -93,7 +93,7 @@ type edsWatch struct {
 	history [][]string
 }
 
-func watchEDS(t *testing.T, xdsAddr, cluster string) *edsWatch {
+func watchEDS(t testing.TB, xdsAddr, cluster string) *edsWatch {
 	t.Helper()
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/estuary-mesh/estuary/host/config"
 	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/configschema"
 	"github.com/estuary-mesh/estuary/sdk/redact"
 )
 
@@ -18,6 +19,31 @@ import (
 // the networks block.
 func load(path string) (*config.File, hcl.Diagnostics) {
 	return validated(config.Load(path, catalog.Names()))
+}
+
+// decodeCaches keep each plugin's decoded config blocks between loads of
+// the file, by plugin label, so that a reload decodes only what changed.
+type decodeCaches map[string]*configschema.Cache
+
+// attach gives each plugin of f its label's cache, and forgets the caches
+// of labels f no longer has.
+func (c decodeCaches) attach(f *config.File) {
+	if f == nil {
+		return
+	}
+	labels := map[string]bool{}
+	for _, p := range f.Plugins {
+		labels[p.Label] = true
+		if c[p.Label] == nil {
+			c[p.Label] = &configschema.Cache{}
+		}
+		p.DecodeCache = c[p.Label]
+	}
+	for l := range c {
+		if !labels[l] {
+			delete(c, l)
+		}
+	}
 }
 
 // validated adds to a parsed file's diagnostics what only the command can
