@@ -139,14 +139,24 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 		},
 	}
 	var err error
-	c.client, c.httpClient, c.dialer, err = newClient(rc, c.observe)
+	var crc *rest.Config
+	c.client, crc, c.httpClient, c.dialer, err = newClient(rc, c.observe)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
 	}
 	c.factory = informers.NewSharedInformerFactoryWithOptions(c.client, 0)
 	c.serviceInf = c.factory.Core().V1().Services().Informer()
 	c.sliceInf = c.factory.Discovery().V1().EndpointSlices().Informer()
-	c.podInf = c.factory.Core().V1().Pods().Informer()
+	if fullPodDecode {
+		c.podInf = c.factory.Core().V1().Pods().Informer()
+	} else {
+		newPodInf, err := newPodInformer(crc, c.httpClient)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
+		}
+		// Through the factory, which starts it and waits for it on Shutdown.
+		c.podInf = c.factory.InformerFor(&podInfo{}, newPodInf)
+	}
 	c.nodeInf = c.factory.Core().V1().Nodes().Informer()
 	c.namespaceInf = c.factory.Core().V1().Namespaces().Informer()
 	c.queue = workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[workItem]{Name: ""})
@@ -193,8 +203,10 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 
 // newClient builds a clientset with a transport of its own: its connections
 // are closed when the cluster stops (no goroutine outlives it), and every
-// response is reported to observe, which tracks the cluster's health.
-func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, error)) (kubeclient.Interface, *http.Client, *connrotation.Dialer, error) {
+// response is reported to observe, which tracks the cluster's health. It
+// also returns the config the clientset was built from, for other clients
+// on the same transport.
+func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, error)) (kubeclient.Interface, *rest.Config, *http.Client, *connrotation.Dialer, error) {
 	rc = rest.CopyConfig(rc)
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
@@ -211,13 +223,13 @@ func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, erro
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, observe: observe} })
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
+		return nil, nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
 	cs, err := kubeclient.NewForConfigAndClient(rc, hc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
+		return nil, nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
-	return cs, hc, dialer, nil
+	return cs, rc, hc, dialer, nil
 }
 
 // start runs the informers and the worker. The cluster publishes once it is
