@@ -47,15 +47,17 @@ const (
 //
 // Each variant is a sub-benchmark against the same populated API server,
 // so a before/after comparison comes from one run:
-//   - slim: the plugin as it is (pods decoded straight into podInfo);
-//   - full-pods: whole Pods decoded, then cut down by the transform;
-//   - slim-list: as slim, with client-go's WatchListClient off, so the
+//   - after: the plugin as it is;
+//   - before: as the plugin was: whole Pods decoded and cut down by the
+//     transform, responses read unbuffered;
+//   - slim-pods: pods decoded straight into podInfo, responses unbuffered;
+//   - after-list: as after, with client-go's WatchListClient off, so the
 //     informers list (from the API server's watch cache) instead of
 //     streaming the initial objects as watch events.
 //
-// COLDSYNC_VARIANTS picks and orders them (comma-separated, repeats run
-// again, e.g. "full-pods,slim,full-pods,slim"); the default is
-// "full-pods,slim". COLDSYNC_CPUPROFILE_DIR, if set, gets a CPU profile of
+// COLDSYNC_VARIANTS picks and orders them (comma-separated; a repeated one
+// runs again, e.g. "before,after,before,after"); the default is
+// "before,after". COLDSYNC_CPUPROFILE_DIR, if set, gets a CPU profile of
 // the timed part of each iteration, VARIANT-*.cpu.pprof (`go tool pprof`
 // merges the files it is given).
 //
@@ -84,23 +86,26 @@ func BenchmarkColdSync(b *testing.B) {
 	config := fmt.Sprintf("kubeconfig = %q\ncluster_id = \"bench\"\n", tb.Kubeconfig)
 	server := serverPIDs(b, tb)
 
-	variants := strings.Split(cmp.Or(os.Getenv("COLDSYNC_VARIANTS"), "full-pods,slim"), ",")
+	variants := strings.Split(cmp.Or(os.Getenv("COLDSYNC_VARIANTS"), "before,after"), ",")
+	reset := func() { fullPodDecode, unbufferedBodies, gates.watchList = false, false, defaultWatchList }
+	defer reset()
 	for _, v := range variants {
-		fullPodDecode, gates.watchList = false, defaultWatchList
+		reset()
 		switch v {
-		case "slim":
-		case "full-pods":
-			fullPodDecode = true
-		case "slim-list":
+		case "after":
+		case "before":
+			fullPodDecode, unbufferedBodies = true, true
+		case "slim-pods":
+			unbufferedBodies = true
+		case "after-list":
 			gates.watchList = false
 		default:
-			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want slim, full-pods or slim-list)", v)
+			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods or after-list)", v)
 		}
 		b.Run(v, func(b *testing.B) {
 			coldSync(b, config, server, wantServices, wantEndpoints, v)
 		})
 	}
-	fullPodDecode, gates.watchList = false, defaultWatchList
 }
 
 // benchGates lets the benchmark turn client-go's WatchListClient on and

@@ -1,9 +1,11 @@
 package kubernetes
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -220,6 +222,9 @@ func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, erro
 		// Also keeps client-go from sharing (and caching forever) the transport.
 		rc.Proxy = http.ProxyFromEnvironment
 	}
+	if !unbufferedBodies {
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return bufferedBodies{next: rt} })
+	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, observe: observe} })
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
@@ -230,6 +235,40 @@ func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, erro
 		return nil, nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
 	return cs, rc, hc, dialer, nil
+}
+
+// bufferedBodies reads the API server's answers to GETs through a buffer.
+// client-go decodes a watch one frame, one object, at a time, and over
+// HTTP/2 each read that frees 4 KB or more of flow-control window makes
+// the transport send a WINDOW_UPDATE frame and flush it: a write system
+// call (and a frame for the API server to read) every few pods of a
+// 100,000-pod initial watch list. Reading in chunks of up to bodyBuffer
+// sends one per chunk. A read takes only what has arrived, so no event
+// waits for the buffer to fill.
+type bufferedBodies struct{ next http.RoundTripper }
+
+// bodyBuffer is the read-ahead of each response: a few watches per
+// cluster keep one open.
+const bodyBuffer = 64 << 10
+
+// unbufferedBodies turns bufferedBodies off; only BenchmarkColdSync sets
+// it, to compare both in one run.
+var unbufferedBodies = false
+
+func (b bufferedBodies) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.next.RoundTrip(req)
+	if err == nil && req.Method == http.MethodGet && resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = bufferedBody{Reader: bufio.NewReaderSize(resp.Body, bodyBuffer), Closer: resp.Body}
+	}
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go reach the transport underneath.
+func (b bufferedBodies) WrappedRoundTripper() http.RoundTripper { return b.next }
+
+type bufferedBody struct {
+	*bufio.Reader
+	io.Closer
 }
 
 // start runs the informers and the worker. The cluster publishes once it is
