@@ -50,10 +50,12 @@ const (
 //   - after: the plugin as it is;
 //   - before: as the plugin was: whole Pods decoded and cut down by the
 //     transform, responses read unbuffered;
-//   - slim-pods: pods decoded straight into podInfo, responses unbuffered;
-//   - after-list: as after, with client-go's WatchListClient off, so the
-//     informers list (from the API server's watch cache) instead of
-//     streaming the initial objects as watch events.
+//   - slim-pods: pods decoded straight into podInfo, responses unbuffered,
+//     pods streamed with client-go's watch list;
+//   - pods-watchlist: as after, but pods streamed with the watch list
+//     instead of listed in pages;
+//   - after-list: as after, with client-go's WatchListClient off, so every
+//     informer lists instead of streaming its initial objects.
 //
 // COLDSYNC_VARIANTS picks and orders them (comma-separated; a repeated one
 // runs again, e.g. "before,after,before,after"); the default is
@@ -87,7 +89,9 @@ func BenchmarkColdSync(b *testing.B) {
 	server := serverPIDs(b, tb)
 
 	variants := strings.Split(cmp.Or(os.Getenv("COLDSYNC_VARIANTS"), "before,after"), ",")
-	reset := func() { fullPodDecode, unbufferedBodies, gates.watchList = false, false, defaultWatchList }
+	reset := func() {
+		fullPodDecode, unbufferedBodies, podWatchList, gates.watchList = false, false, false, defaultWatchList
+	}
 	defer reset()
 	for _, v := range variants {
 		reset()
@@ -96,11 +100,13 @@ func BenchmarkColdSync(b *testing.B) {
 		case "before":
 			fullPodDecode, unbufferedBodies = true, true
 		case "slim-pods":
-			unbufferedBodies = true
+			unbufferedBodies, podWatchList = true, true
+		case "pods-watchlist":
+			podWatchList = true
 		case "after-list":
 			gates.watchList = false
 		default:
-			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods or after-list)", v)
+			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods, pods-watchlist or after-list)", v)
 		}
 		b.Run(v, func(b *testing.B) {
 			coldSync(b, config, server, wantServices, wantEndpoints, v)
