@@ -89,7 +89,7 @@ func newPodInformer(rc *rest.Config, hc *http.Client) (func(kubeclient.Interface
 // pods than pages of a list did (BenchmarkColdSync, variant
 // pods-watchlist). Lists in pages keep the memory of watch list's: one page
 // in flight, where a single list would hold all 100,000 pods' response.
-const podPageSize = 5000
+var podPageSize int64 = 5000 // a variable for TestPodsListedInPages
 
 // podWatchList makes the pod informer use client-go's watch list (when the
 // WatchListClient feature is on, as by default). Only BenchmarkColdSync

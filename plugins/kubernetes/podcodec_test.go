@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"bytes"
+	"fmt"
+	"maps"
 	"reflect"
 	"testing"
 
@@ -10,6 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
+
+	"github.com/estuary-mesh/estuary/sdk"
+	"github.com/estuary-mesh/estuary/sdk/sdktest"
+	"github.com/estuary-mesh/estuary/testbed"
 )
 
 // The pod decoder must give the podInfo that decoding a whole Pod and
@@ -124,4 +130,59 @@ func protobufSerializer(t *testing.T) runtime.Serializer {
 	}
 	t.Fatal("no protobuf serializer")
 	return nil
+}
+
+// Pods are listed in pages: every page's pods reach the endpoints, and the
+// watch that follows the list sees later changes.
+func TestPodsListedInPages(t *testing.T) {
+	podPageSize = 2
+	t.Cleanup(func() { podPageSize = 5000 }) // after the plugin (a later cleanup) has stopped
+
+	tb := testbed.StartKube(t)
+	k := kube{t, tb.Client()}
+	k.node("n1", nil)
+	ns := k.namespace("paged", nil)
+	var eps []epSpec
+	for i := range 5 {
+		name := fmt.Sprintf("p%d", i)
+		k.pod(ns, name, map[string]string{"app": "echo", "pod": name}, "n1", "sa-"+name)
+		eps = append(eps, epSpec{addr: fmt.Sprintf("10.20.0.%d", i+1), pod: name, node: "n1", ready: ready(true)})
+	}
+	k.service(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	})
+	k.slice(endpointSlice(ns, "echo-1", "echo", map[string]int32{"http": 8080}, eps...))
+
+	h := sdktest.Start(t, Factory)
+	h.Configure(t, fmt.Sprintf("kubeconfig = %q\ncluster_id = \"c1\"\n", tb.Kubeconfig), sdk.MeshSettings{DomainSuffix: "cluster.local"})
+	w := h.Watch(t)
+	host := "echo." + ns + ".svc.cluster.local"
+	identities := func(r *sdktest.Replica) map[string]string {
+		out := map[string]string{}
+		if in := instance(r, "c1"); in != nil {
+			for _, e := range in.Endpoints[host] {
+				out[e.Address] = e.ServiceAccount + " " + e.Labels["pod"] + " " + e.Labels["version"]
+			}
+		}
+		return out
+	}
+	want := map[string]string{}
+	for i := range 5 {
+		want[fmt.Sprintf("10.20.0.%d", i+1)] = fmt.Sprintf("spiffe://cluster.local/ns/%s/sa/sa-p%d p%d ", ns, i, i)
+	}
+	w.WaitFor(t, waitTimeout, "every pod of every page", func(r *sdktest.Replica) bool {
+		return sdktest.AllSynced(r) && maps.Equal(identities(r), want)
+	})
+
+	p, err := k.c.CoreV1().Pods(ns).Get(ctxb, "p4", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels["version"] = "v2"
+	if _, err := k.c.CoreV1().Pods(ns).Update(ctxb, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want["10.20.0.5"] += "v2"
+	w.WaitFor(t, waitTimeout, "the pod's new label", func(r *sdktest.Replica) bool { return maps.Equal(identities(r), want) })
 }
