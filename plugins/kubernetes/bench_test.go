@@ -55,8 +55,7 @@ const (
 //   - pods-watchlist: as after, but pods streamed with the watch list
 //     instead of listed in pages;
 //   - after-list: as after, with client-go's WatchListClient off, so every
-//     informer lists instead of streaming its initial objects;
-//   - after-identity: as after, with pod lists asked for uncompressed.
+//     informer lists instead of streaming its initial objects.
 //
 // COLDSYNC_VARIANTS picks and orders them (comma-separated; a repeated one
 // runs again, e.g. "before,after,before,after"); the default is
@@ -91,7 +90,7 @@ func BenchmarkColdSync(b *testing.B) {
 
 	variants := strings.Split(cmp.Or(os.Getenv("COLDSYNC_VARIANTS"), "before,after"), ",")
 	reset := func() {
-		fullPodDecode, unbufferedBodies, podWatchList, podListUncompressed, gates.watchList = false, false, false, false, defaultWatchList
+		fullPodDecode, unbufferedBodies, podWatchList, gates.watchList = false, false, false, defaultWatchList
 	}
 	defer reset()
 	for _, v := range variants {
@@ -104,12 +103,10 @@ func BenchmarkColdSync(b *testing.B) {
 			unbufferedBodies, podWatchList = true, true
 		case "pods-watchlist":
 			podWatchList = true
-		case "after-identity":
-			podListUncompressed = true
 		case "after-list":
 			gates.watchList = false
 		default:
-			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods, pods-watchlist, after-identity or after-list)", v)
+			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods, pods-watchlist or after-list)", v)
 		}
 		b.Run(v, func(b *testing.B) {
 			coldSync(b, config, server, wantServices, wantEndpoints, v)
