@@ -2,9 +2,15 @@ package kubernetes
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientfeatures "k8s.io/client-go/features"
 	kubeclient "k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -38,12 +45,39 @@ const (
 // client-go (a few minutes, not timed); every iteration starts a fresh
 // plugin against them.
 //
+// Each variant is a sub-benchmark against the same populated API server,
+// so a before/after comparison comes from one run:
+//   - after: the plugin as it is;
+//   - before: as the plugin was: whole Pods decoded and cut down by the
+//     transform, responses read unbuffered;
+//   - slim-pods: pods decoded straight into podInfo, responses unbuffered,
+//     pods streamed with client-go's watch list;
+//   - pods-watchlist: as after, but pods streamed with the watch list
+//     instead of listed in pages;
+//   - after-list: as after, with client-go's WatchListClient off, so every
+//     informer lists instead of streaming its initial objects.
+//
+// COLDSYNC_VARIANTS picks and orders them (comma-separated; a repeated one
+// runs again, e.g. "before,after,before,after"); the default is
+// "before,after". COLDSYNC_CPUPROFILE_DIR, if set, gets a CPU profile of
+// the timed part of each iteration, VARIANT-*.cpu.pprof (`go tool pprof`
+// merges the files it is given).
+//
 // Reported: s/sync, endpoints/s; heap-MB, the live heap the plugin holds
 // once synced (live heap with the plugin minus live heap after it stopped,
 // with the test's replica kept alive in both); rss-MB, the test process's
-// resident memory when synced (plugin, replica and Go runtime; the API
-// server and etcd are other processes).
+// resident memory when synced, after returning freed memory to the OS
+// before each start (plugin, replica and Go runtime; the API server and
+// etcd are other processes); cpu-s/sync, the test process's CPU time per
+// sync, and apiserver-cpu-s/sync, kube-apiserver's and etcd's.
 func BenchmarkColdSync(b *testing.B) {
+	// client-go logs that its gates were read already (by the testbed);
+	// reflectors read them again when they are built, so the swap holds.
+	gates := &benchGates{Gates: clientfeatures.FeatureGates(), watchList: clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient)}
+	clientfeatures.ReplaceFeatureGates(gates)
+	defaultWatchList := gates.watchList
+	b.Cleanup(func() { clientfeatures.ReplaceFeatureGates(gates.Gates) })
+
 	tb := testbed.StartKube(b)
 	t0 := time.Now()
 	populate(b, tb)
@@ -52,15 +86,70 @@ func BenchmarkColdSync(b *testing.B) {
 	wantServices := benchNamespaces * benchServicesPerNS
 	wantEndpoints := wantServices * benchEndpointsPerSvc
 	config := fmt.Sprintf("kubeconfig = %q\ncluster_id = \"bench\"\n", tb.Kubeconfig)
+	server := serverPIDs(b, tb)
 
-	coldSync(b, config, wantServices, wantEndpoints)
+	variants := strings.Split(cmp.Or(os.Getenv("COLDSYNC_VARIANTS"), "before,after"), ",")
+	reset := func() {
+		fullPodDecode, unbufferedBodies, podWatchList, gates.watchList = false, false, false, defaultWatchList
+	}
+	defer reset()
+	for _, v := range variants {
+		reset()
+		switch v {
+		case "after":
+		case "before":
+			fullPodDecode, unbufferedBodies = true, true
+		case "slim-pods":
+			unbufferedBodies, podWatchList = true, true
+		case "pods-watchlist":
+			podWatchList = true
+		case "after-list":
+			gates.watchList = false
+		default:
+			b.Fatalf("COLDSYNC_VARIANTS: unknown variant %q (want after, before, slim-pods, pods-watchlist or after-list)", v)
+		}
+		b.Run(v, func(b *testing.B) {
+			coldSync(b, config, server, wantServices, wantEndpoints, v)
+		})
+	}
 }
 
-func coldSync(b *testing.B, config string, wantServices, wantEndpoints int) {
+// benchGates lets the benchmark turn client-go's WatchListClient on and
+// off between variants; reflectors read it when they are built.
+type benchGates struct {
+	clientfeatures.Gates
+	watchList bool
+}
+
+func (g *benchGates) Enabled(f clientfeatures.Feature) bool {
+	if f == clientfeatures.WatchListClient {
+		return g.watchList
+	}
+	return g.Gates.Enabled(f)
+}
+
+func coldSync(b *testing.B, config string, server []int, wantServices, wantEndpoints int, variant string) {
 	var total time.Duration
-	var heapMB, rssMB float64
+	var heapMB, rssMB, cpu, serverCPU float64
+	dir := os.Getenv("COLDSYNC_CPUPROFILE_DIR")
 	n := 0
 	for b.Loop() {
+		b.StopTimer()
+		debug.FreeOSMemory()
+		var prof *os.File
+		if dir != "" {
+			var err error
+			prof, err = os.CreateTemp(dir, variant+"-*.cpu.pprof")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(prof); err != nil {
+				b.Fatal(err)
+			}
+		}
+		cpu0, server0 := cpuSeconds(os.Getpid()), cpuSeconds(server...)
+		b.StartTimer()
+
 		start := time.Now()
 		h := sdktest.Start(b, Factory)
 		h.Configure(b, config, sdk.MeshSettings{DomainSuffix: "cluster.local"})
@@ -78,6 +167,12 @@ func coldSync(b *testing.B, config string, wantServices, wantEndpoints int) {
 		})
 		total += time.Since(start)
 		b.StopTimer()
+		cpu += cpuSeconds(os.Getpid()) - cpu0
+		serverCPU += cpuSeconds(server...) - server0
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
 		rssMB += residentMB()
 		withPlugin := liveHeap()
 		h.Kill()
@@ -90,6 +185,52 @@ func coldSync(b *testing.B, config string, wantServices, wantEndpoints int) {
 	b.ReportMetric(float64(wantEndpoints)*float64(n)/total.Seconds(), "endpoints/s")
 	b.ReportMetric(heapMB/float64(n), "heap-MB")
 	b.ReportMetric(rssMB/float64(n), "rss-MB")
+	b.ReportMetric(cpu/float64(n), "cpu-s/sync")
+	b.ReportMetric(serverCPU/float64(n), "apiserver-cpu-s/sync")
+}
+
+// serverPIDs finds the testbed's kube-apiserver (by its port) and etcd
+// (by its data directory), whose CPU time the benchmark reports.
+func serverPIDs(b *testing.B, tb *testbed.Kube) []int {
+	port := tb.Server[strings.LastIndex(tb.Server, ":")+1:]
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		if slices.Contains(args, "--secure-port="+port) || slices.Contains(args, "--data-dir="+filepath.Join(tb.Dir, "etcd")) {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 2 {
+		b.Logf("found %d of kube-apiserver and etcd's processes; apiserver-cpu-s/sync counts those", len(pids))
+	}
+	return pids
+}
+
+// cpuSeconds sums the user and system CPU time of processes.
+func cpuSeconds(pids ...int) float64 {
+	var ticks float64
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis; utime and
+		// stime are the 14th and 15th of the line.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseFloat(f[11], 64)
+		s, _ := strconv.ParseFloat(f[12], 64)
+		ticks += u + s
+	}
+	return ticks / 100 // USER_HZ
 }
 
 func liveHeap() uint64 {

@@ -1,9 +1,11 @@
 package kubernetes
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -139,14 +141,24 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 		},
 	}
 	var err error
-	c.client, c.httpClient, c.dialer, err = newClient(rc, c.observe)
+	var crc *rest.Config
+	c.client, crc, c.httpClient, c.dialer, err = newClient(rc, c.observe)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
 	}
 	c.factory = informers.NewSharedInformerFactoryWithOptions(c.client, 0)
 	c.serviceInf = c.factory.Core().V1().Services().Informer()
 	c.sliceInf = c.factory.Discovery().V1().EndpointSlices().Informer()
-	c.podInf = c.factory.Core().V1().Pods().Informer()
+	if fullPodDecode {
+		c.podInf = c.factory.Core().V1().Pods().Informer()
+	} else {
+		newPodInf, err := newPodInformer(crc, c.httpClient)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %q: %w", spec.id, err)
+		}
+		// Through the factory, which starts it and waits for it on Shutdown.
+		c.podInf = c.factory.InformerFor(&podInfo{}, newPodInf)
+	}
 	c.nodeInf = c.factory.Core().V1().Nodes().Informer()
 	c.namespaceInf = c.factory.Core().V1().Namespaces().Informer()
 	c.queue = workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[workItem]{Name: ""})
@@ -193,8 +205,10 @@ func newCluster(spec clusterSpec, rc *rest.Config, state *sdk.State, log hclog.L
 
 // newClient builds a clientset with a transport of its own: its connections
 // are closed when the cluster stops (no goroutine outlives it), and every
-// response is reported to observe, which tracks the cluster's health.
-func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, error)) (kubeclient.Interface, *http.Client, *connrotation.Dialer, error) {
+// response is reported to observe, which tracks the cluster's health. It
+// also returns the config the clientset was built from, for other clients
+// on the same transport.
+func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, error)) (kubeclient.Interface, *rest.Config, *http.Client, *connrotation.Dialer, error) {
 	rc = rest.CopyConfig(rc)
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
@@ -208,16 +222,53 @@ func newClient(rc *rest.Config, observe func(*http.Request, *http.Response, erro
 		// Also keeps client-go from sharing (and caching forever) the transport.
 		rc.Proxy = http.ProxyFromEnvironment
 	}
+	if !unbufferedBodies {
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return bufferedBodies{next: rt} })
+	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observer{next: rt, observe: observe} })
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
+		return nil, nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
 	cs, err := kubeclient.NewForConfigAndClient(rc, hc)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
+		return nil, nil, nil, nil, fmt.Errorf("client for %s: %w", redact.URL(rc.Host), err)
 	}
-	return cs, hc, dialer, nil
+	return cs, rc, hc, dialer, nil
+}
+
+// bufferedBodies reads the API server's answers to GETs through a buffer.
+// client-go decodes a watch one frame, one object, at a time, and over
+// HTTP/2 each read that frees 4 KB or more of flow-control window makes
+// the transport send a WINDOW_UPDATE frame and flush it: a write system
+// call (and a frame for the API server to read) every few pods of a
+// 100,000-pod initial watch list. Reading in chunks of up to bodyBuffer
+// sends one per chunk. A read takes only what has arrived, so no event
+// waits for the buffer to fill.
+type bufferedBodies struct{ next http.RoundTripper }
+
+// bodyBuffer is the read-ahead of each response: a few watches per
+// cluster keep one open.
+const bodyBuffer = 64 << 10
+
+// unbufferedBodies turns bufferedBodies off; only BenchmarkColdSync sets
+// it, to compare both in one run.
+var unbufferedBodies = false
+
+func (b bufferedBodies) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.next.RoundTrip(req)
+	if err == nil && req.Method == http.MethodGet && resp.Body != nil && resp.Body != http.NoBody {
+		resp.Body = bufferedBody{Reader: bufio.NewReaderSize(resp.Body, bodyBuffer), Closer: resp.Body}
+	}
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go reach the transport underneath.
+func (b bufferedBodies) WrappedRoundTripper() http.RoundTripper { return b.next }
+
+type bufferedBody struct {
+	*bufio.Reader
+	io.Closer
 }
 
 // start runs the informers and the worker. The cluster publishes once it is
