@@ -72,9 +72,18 @@ type Cache struct {
 	// the last push's slice of them, reused. Both guarded by mu.
 	mark    uint64
 	scratch []*watch
+	// batching is set while answerLocked builds the responses of a
+	// batch of watches, which it keeps in batch until it hands them all
+	// over. Both guarded by mu.
+	batching bool
+	batch    []pendingResponse
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
+	// onTaken, if set, is told for every response how long it waited
+	// between its hand-off to the stream and the stream taking it to
+	// send: the wait for the stream's goroutine to run.
+	onTaken func(time.Duration)
 	// held is true until Release: watches are opened and kept, but none
 	// is answered, so no client sees a config the host has not finished
 	// loading. Guarded by mu.
@@ -503,15 +512,78 @@ func (c *Cache) collectLocked(out []*watch, sets ...*watchSet) []*watch {
 
 // answerLocked answers each of ws that lacks something and closes those
 // it answered; it returns how many.
+//
+// It builds every response first and only then hands them to their
+// streams. Handing one over wakes its stream's goroutine, which then
+// competes for the CPU with the push: with a thousand streams of a view
+// woken one by one, the push was preempted behind them and the last
+// stream got its response when the first ones were already sending, and
+// their ACKs being processed. Built first, the responses leave in one
+// burst of channel sends, so every stream is runnable before any ACK
+// work arrives, and the last one's response goes out that much sooner.
 func (c *Cache) answerLocked(ws []*watch) int {
-	n := 0
+	c.batching = true
 	for _, w := range ws {
-		if c.respondLocked(w) {
-			c.forgetLocked(w)
+		c.respondLocked(w)
+	}
+	c.batching = false
+	n := 0
+	for i := range c.batch {
+		if c.handLocked(&c.batch[i]) {
+			c.forgetLocked(c.batch[i].w)
 			n++
 		}
 	}
+	clear(c.batch) // no response or watch is kept alive by the reused slice
+	c.batch = c.batch[:0]
 	return n
+}
+
+// pendingResponse is a response built for a watch and not handed to its
+// stream yet: exactly one of sotw and delta is set; n counts its
+// resources (and removals) for onResponse.
+type pendingResponse struct {
+	w     *watch
+	sotw  *sotwResponse
+	delta *deltaResponse
+	n     int
+}
+
+// queueLocked hands p to its stream, or, while answerLocked is building
+// a batch, keeps it for the batch's hand-off; it reports whether p was
+// handed over or kept.
+func (c *Cache) queueLocked(p pendingResponse) bool {
+	if c.batching {
+		c.batch = append(c.batch, p)
+		return true
+	}
+	return c.handLocked(&p)
+}
+
+// handLocked puts p in its stream's channel without blocking, and reports
+// whether it did; if the channel had no room, the watch stays open and is
+// retried (fullLocked).
+func (c *Cache) handLocked(p *pendingResponse) bool {
+	w := p.w
+	if p.sotw != nil {
+		p.sotw.issued, p.sotw.taken = time.Now(), c.onTaken
+		select {
+		case w.sotwCh <- p.sotw:
+		default:
+			return c.fullLocked(w)
+		}
+	} else {
+		p.delta.issued, p.delta.taken = time.Now(), c.onTaken
+		select {
+		case w.deltaCh <- p.delta:
+		default:
+			return c.fullLocked(w)
+		}
+	}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, p.n)
+	}
+	return true
 }
 
 // respondLocked answers w if the client lacks anything it should have, and
@@ -613,15 +685,7 @@ func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, v
 		anys[i] = r.Any
 	}
 	resp := &sotwResponse{req: w.sotwReq, version: version, resources: anys, returned: returned}
-	select {
-	case w.sotwCh <- resp:
-	default:
-		return c.fullLocked(w)
-	}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs))
-	}
-	return true
+	return c.queueLocked(pendingResponse{w: w, sotw: resp, n: len(rs)})
 }
 
 func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) bool {
@@ -631,15 +695,7 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
-	select {
-	case w.deltaCh <- resp:
-	default:
-		return c.fullLocked(w)
-	}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs)+len(removed))
-	}
-	return true
+	return c.queueLocked(pendingResponse{w: w, delta: resp, n: len(rs) + len(removed)})
 }
 
 // Why a send cannot block, and why it should never find a full channel:
@@ -942,11 +998,16 @@ type sotwResponse struct {
 	version   string
 	resources []*anypb.Any
 	returned  map[string]string
+	// issued is when the response was handed to the stream, and taken
+	// is told how long it waited there (Cache.onTaken).
+	issued time.Time
+	taken  func(time.Duration)
 }
 
 var _ cache.Response = (*sotwResponse)(nil)
 
 func (r *sotwResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, error) {
+	observeTaken(r.taken, r.issued)
 	return &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: r.resources, TypeUrl: r.req.GetTypeUrl()}, nil
 }
 func (r *sotwResponse) GetRequest() *discoveryv3.DiscoveryRequest { return r.req }
@@ -962,11 +1023,14 @@ type deltaResponse struct {
 	resources []*discoveryv3.Resource
 	removed   []string
 	next      map[string]string
+	issued    time.Time // as sotwResponse's
+	taken     func(time.Duration)
 }
 
 var _ cache.DeltaResponse = (*deltaResponse)(nil)
 
 func (r *deltaResponse) GetDeltaDiscoveryResponse() (*discoveryv3.DeltaDiscoveryResponse, error) {
+	observeTaken(r.taken, r.issued)
 	return &discoveryv3.DeltaDiscoveryResponse{
 		SystemVersionInfo: r.version, Resources: r.resources, RemovedResources: r.removed, TypeUrl: r.req.GetTypeUrl(),
 	}, nil
@@ -977,3 +1041,11 @@ func (r *deltaResponse) GetResponseVersion() string                          { r
 func (r *deltaResponse) GetNextVersionMap() map[string]string                { return r.next }
 func (r *deltaResponse) GetReturnedResources() map[string]string             { return r.next }
 func (r *deltaResponse) GetContext() context.Context                         { return context.Background() }
+
+// observeTaken reports how long a response waited for its stream, once:
+// go-control-plane takes a response's message once, as it sends it.
+func observeTaken(taken func(time.Duration), issued time.Time) {
+	if taken != nil && !issued.IsZero() {
+		taken(time.Since(issued))
+	}
+}

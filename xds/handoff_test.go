@@ -1,0 +1,85 @@
+package xds
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/estuary-mesh/estuary/host/model"
+)
+
+// TestPushBuildsEveryResponseBeforeHandingAnyOver: a push that answers
+// many watches hands none of them to its stream until it has built them
+// all (answerLocked), so the streams it wakes cannot hold the rest of the
+// push back. Each response carries a new version number, so when the
+// first one is handed over, the cache's counter must already be at the
+// last one's.
+func TestPushBuildsEveryResponseBeforeHandingAnyOver(t *testing.T) {
+	f := newFixture(t)
+	f.populate(20, 1)
+	c := NewCache(NewGenerator(f.agg, nil))
+	shared := model.ClusterName(8080, "", svcHost(0))
+	ws := openEDSWatchesOf(t, c, proxylessView, 50, func(i int) []string {
+		return []string{shared, model.ClusterName(8080, "", svcHost(1+i%19))}
+	})
+	var atHandOff []uint64
+	c.onResponse = func(model.View, typ, int) { atHandOff = append(atHandOff, c.version) } // under c.mu
+	var waits []time.Duration
+	c.onTaken = func(d time.Duration) { waits = append(waits, d) }
+
+	f.endpoints(svcHost(0), genEndpoints(2, 7))
+	st := c.Push(model.Change{Services: map[string]bool{svcHost(0): false}})
+	if st.Responses[tEndpoint] != len(ws) || len(atHandOff) != len(ws) {
+		t.Fatalf("push answered %d watches (%d handed over), want %d", st.Responses[tEndpoint], len(atHandOff), len(ws))
+	}
+	for i, v := range atHandOff {
+		if v != c.version {
+			t.Fatalf("response %d was handed over when %d of %d responses were built", i, v-(c.version-uint64(len(ws))), len(ws))
+		}
+	}
+	// Every stream gets its own response, with the change, and the wait
+	// of each is reported once the stream takes it.
+	versions := map[string]bool{}
+	for _, w := range ws {
+		resp := mustDiscovery(t, <-w.ch)
+		if got := decodeCLAs(t, resp.GetResources())[shared]; len(claAddresses(got)) != 2 {
+			t.Fatalf("a watcher got %d endpoints of the changed CLA, want 2", len(claAddresses(got)))
+		}
+		versions[resp.GetVersionInfo()] = true
+	}
+	if len(versions) != len(ws) || len(waits) != len(ws) {
+		t.Fatalf("%d distinct versions and %d waits reported for %d responses", len(versions), len(waits), len(ws))
+	}
+}
+
+// TestPushReportsItsCPUTime: a push observes its own CPU time, apart from
+// its wall time, and (on Linux, where it is measured) never more than
+// the wall time: it is the push's thread alone, not the process's.
+func TestPushReportsItsCPUTime(t *testing.T) {
+	f := newFixture(t)
+	f.populate(200, 10)
+	reg := prometheus.NewRegistry()
+	s := New(Options{}, f.agg, nil, f.agg, hclog.NewNullLogger(), reg)
+	openEDSWatches(t, s.Cache(), proxylessView, 100, 10, 200)
+	f.endpoints(svcHost(0), genEndpoints(10, 3))
+	s.push(model.Change{Full: true}, time.Now())
+	if _, ok := threadCPU(); !ok {
+		t.Skip("thread CPU time is measured on Linux only")
+	}
+	cpu, wall := histogramOf(t, s.metrics.pushCPU), histogramOf(t, s.metrics.pushTime)
+	if cpu.GetSampleCount() != 1 || cpu.GetSampleSum() <= 0 || cpu.GetSampleSum() > wall.GetSampleSum() {
+		t.Fatalf("push CPU: %d samples, %v s, for a push of %v s wall time", cpu.GetSampleCount(), cpu.GetSampleSum(), wall.GetSampleSum())
+	}
+}
+
+func histogramOf(t *testing.T, h prometheus.Histogram) *dto.Histogram {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram()
+}
