@@ -72,11 +72,6 @@ type Cache struct {
 	// the last push's slice of them, reused. Both guarded by mu.
 	mark    uint64
 	scratch []*watch
-	// batching is set while answerLocked builds the responses of a
-	// batch of watches, which it keeps in batch until it hands them all
-	// over. Both guarded by mu.
-	batching bool
-	batch    []pendingResponse
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
@@ -512,58 +507,30 @@ func (c *Cache) collectLocked(out []*watch, sets ...*watchSet) []*watch {
 
 // answerLocked answers each of ws that lacks something and closes those
 // it answered; it returns how many.
-//
-// It builds every response first and only then hands them to their
-// streams. Handing one over wakes its stream's goroutine, which then
-// competes for the CPU with the push: with a thousand streams of a view
-// woken one by one, the push was preempted behind them and the last
-// stream got its response when the first ones were already sending, and
-// their ACKs being processed. Built first, the responses leave in one
-// burst of channel sends, so every stream is runnable before any ACK
-// work arrives, and the last one's response goes out that much sooner.
 func (c *Cache) answerLocked(ws []*watch) int {
-	c.batching = true
-	for _, w := range ws {
-		c.respondLocked(w)
-	}
-	c.batching = false
 	n := 0
-	for i := range c.batch {
-		if c.handLocked(&c.batch[i]) {
-			c.forgetLocked(c.batch[i].w)
+	for _, w := range ws {
+		if c.respondLocked(w) {
+			c.forgetLocked(w)
 			n++
 		}
 	}
-	clear(c.batch) // no response or watch is kept alive by the reused slice
-	c.batch = c.batch[:0]
 	return n
 }
 
-// pendingResponse is a response built for a watch and not handed to its
-// stream yet: exactly one of sotw and delta is set; n counts its
-// resources (and removals) for onResponse.
-type pendingResponse struct {
+// outgoing is a response built for a watch: exactly one of sotw and
+// delta is set; n counts its resources (and removals) for onResponse.
+type outgoing struct {
 	w     *watch
 	sotw  *sotwResponse
 	delta *deltaResponse
 	n     int
 }
 
-// queueLocked hands p to its stream, or, while answerLocked is building
-// a batch, keeps it for the batch's hand-off; it reports whether p was
-// handed over or kept.
-func (c *Cache) queueLocked(p pendingResponse) bool {
-	if c.batching {
-		c.batch = append(c.batch, p)
-		return true
-	}
-	return c.handLocked(&p)
-}
-
 // handLocked puts p in its stream's channel without blocking, and reports
 // whether it did; if the channel had no room, the watch stays open and is
 // retried (fullLocked).
-func (c *Cache) handLocked(p *pendingResponse) bool {
+func (c *Cache) handLocked(p *outgoing) bool {
 	w := p.w
 	if p.sotw != nil {
 		p.sotw.issued, p.sotw.taken = time.Now(), c.onTaken
@@ -685,7 +652,7 @@ func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, v
 		anys[i] = r.Any
 	}
 	resp := &sotwResponse{req: w.sotwReq, version: version, resources: anys, returned: returned}
-	return c.queueLocked(pendingResponse{w: w, sotw: resp, n: len(rs)})
+	return c.handLocked(&outgoing{w: w, sotw: resp, n: len(rs)})
 }
 
 func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) bool {
@@ -695,7 +662,7 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version(), Resource: r.Any}
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
-	return c.queueLocked(pendingResponse{w: w, delta: resp, n: len(rs) + len(removed)})
+	return c.handLocked(&outgoing{w: w, delta: resp, n: len(rs) + len(removed)})
 }
 
 // Why a send cannot block, and why it should never find a full channel:
