@@ -76,6 +76,10 @@ type Cache struct {
 
 	// onResponse, if set, is called for every response the cache issues.
 	onResponse func(v model.View, t typ, n int)
+	// onTaken, if set, is told for every response how long it waited
+	// between its hand-off to the stream and the stream taking it to
+	// send: the wait for the stream's goroutine to run.
+	onTaken func(time.Duration)
 	// held is true until Release: watches are opened and kept, but none
 	// is answered, so no client sees a config the host has not finished
 	// loading. Guarded by mu.
@@ -535,6 +539,41 @@ func (c *Cache) answerLocked(ws []*watch) int {
 	return n
 }
 
+// outgoing is a response built for a watch: exactly one of sotw and
+// delta is set; n counts its resources (and removals) for onResponse.
+type outgoing struct {
+	w     *watch
+	sotw  *sotwResponse
+	delta *deltaResponse
+	n     int
+}
+
+// handLocked puts p in its stream's channel without blocking, and reports
+// whether it did; if the channel had no room, the watch stays open and is
+// retried (fullLocked).
+func (c *Cache) handLocked(p *outgoing) bool {
+	w := p.w
+	if p.sotw != nil {
+		p.sotw.issued, p.sotw.taken = time.Now(), c.onTaken
+		select {
+		case w.sotwCh <- p.sotw:
+		default:
+			return c.fullLocked(w)
+		}
+	} else {
+		p.delta.issued, p.delta.taken = time.Now(), c.onTaken
+		select {
+		case w.deltaCh <- p.delta:
+		default:
+			return c.fullLocked(w)
+		}
+	}
+	if c.onResponse != nil {
+		c.onResponse(w.vs.view, w.t, p.n)
+	}
+	return true
+}
+
 // respondLocked answers w if the client lacks anything it should have, and
 // reports whether it did. A watch answers at most once: the server opens a
 // new one with the client's next request. If the stream's channel had no
@@ -651,15 +690,7 @@ func (c *Cache) sendSotW(w *watch, rs []*Resource, returned map[string]string, v
 		anys[i] = r.Any
 	}
 	resp := &sotwResponse{req: w.sotwReq, version: version, resources: anys, returned: returned}
-	select {
-	case w.sotwCh <- resp:
-	default:
-		return c.fullLocked(w)
-	}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs))
-	}
-	return true
+	return c.handLocked(&outgoing{w: w, sotw: resp, n: len(rs)})
 }
 
 func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[string]string) bool {
@@ -676,15 +707,7 @@ func (c *Cache) sendDelta(w *watch, rs []*Resource, removed []string, next map[s
 		out[i] = r.delta
 	}
 	resp := &deltaResponse{req: w.deltaReq, version: strconv.FormatUint(c.version, 10), resources: out, removed: removed, next: next}
-	select {
-	case w.deltaCh <- resp:
-	default:
-		return c.fullLocked(w)
-	}
-	if c.onResponse != nil {
-		c.onResponse(w.vs.view, w.t, len(rs)+len(removed))
-	}
-	return true
+	return c.handLocked(&outgoing{w: w, delta: resp, n: len(rs) + len(removed)})
 }
 
 // Why a send cannot block, and why it should never find a full channel:
@@ -987,11 +1010,16 @@ type sotwResponse struct {
 	version   string
 	resources []*anypb.Any
 	returned  map[string]string
+	// issued is when the response was handed to the stream, and taken
+	// is told how long it waited there (Cache.onTaken).
+	issued time.Time
+	taken  func(time.Duration)
 }
 
 var _ cache.Response = (*sotwResponse)(nil)
 
 func (r *sotwResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, error) {
+	observeTaken(r.taken, r.issued)
 	return &discoveryv3.DiscoveryResponse{VersionInfo: r.version, Resources: r.resources, TypeUrl: r.req.GetTypeUrl()}, nil
 }
 func (r *sotwResponse) GetRequest() *discoveryv3.DiscoveryRequest { return r.req }
@@ -1007,11 +1035,14 @@ type deltaResponse struct {
 	resources []*discoveryv3.Resource
 	removed   []string
 	next      map[string]string
+	issued    time.Time // as sotwResponse's
+	taken     func(time.Duration)
 }
 
 var _ cache.DeltaResponse = (*deltaResponse)(nil)
 
 func (r *deltaResponse) GetDeltaDiscoveryResponse() (*discoveryv3.DeltaDiscoveryResponse, error) {
+	observeTaken(r.taken, r.issued)
 	return &discoveryv3.DeltaDiscoveryResponse{
 		SystemVersionInfo: r.version, Resources: r.resources, RemovedResources: r.removed, TypeUrl: r.req.GetTypeUrl(),
 	}, nil
@@ -1022,3 +1053,11 @@ func (r *deltaResponse) GetResponseVersion() string                          { r
 func (r *deltaResponse) GetNextVersionMap() map[string]string                { return r.next }
 func (r *deltaResponse) GetReturnedResources() map[string]string             { return r.next }
 func (r *deltaResponse) GetContext() context.Context                         { return context.Background() }
+
+// observeTaken reports how long a response waited for its stream, once:
+// go-control-plane takes a response's message once, as it sends it.
+func observeTaken(taken func(time.Duration), issued time.Time) {
+	if taken != nil && !issued.IsZero() {
+		taken(time.Since(issued))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -111,6 +112,8 @@ type Server struct {
 type metrics struct {
 	pushes      *prometheus.CounterVec
 	pushTime    prometheus.Histogram
+	pushCPU     prometheus.Histogram
+	taken       prometheus.Histogram
 	convergence prometheus.Histogram
 	clients     prometheus.Gauge
 	nacks       *prometheus.CounterVec
@@ -200,6 +203,16 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 				Name: "estuary_xds_push_seconds", Help: "Time to rebuild resources and answer watches for one push.",
 				Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 			}),
+			pushCPU: prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name:    "estuary_xds_push_cpu_seconds",
+				Help:    "CPU time of one push (rebuilding resources and answering watches), without the time it waited for a CPU; Linux only.",
+				Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+			}),
+			taken: prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name:    "estuary_xds_response_wait_seconds",
+				Help:    "Time from a push handing a response to a stream until the stream took it to send: the wait for the stream's goroutine to run.",
+				Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+			}),
 			convergence: prometheus.NewHistogram(prometheus.HistogramOpts{
 				Name: "estuary_xds_convergence_seconds", Help: "Time from the first registry change of a push until its responses were issued, debounce included.",
 				Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
@@ -243,13 +256,14 @@ func New(opts Options, agg *aggregate.Registry, eds *pipeline.Pipeline, upstream
 	s.streamLimit = &streamLimiter{max: opts.Limits.MaxStreamsPerConnection, live: map[string]int{},
 		refused: func(a net.Addr) { s.refusedByLimit(limitStreams, clientKey(a)) }}
 	s.cache.onFull = s.responseFull
+	s.cache.onTaken = func(d time.Duration) { s.metrics.taken.Observe(d.Seconds()) }
 	if opts.Ready != nil {
 		s.cache.Hold()
 	} else {
 		s.metrics.ready.Set(1)
 	}
 	if reg != nil {
-		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready,
+		reg.MustRegister(s.metrics.pushes, s.metrics.pushTime, s.metrics.pushCPU, s.metrics.taken, s.metrics.convergence, s.metrics.clients, s.metrics.nacks, s.metrics.full, s.metrics.ready,
 			s.metrics.denied, s.metrics.limited, s.metrics.handshakes, s.metrics.tlsReloads, s.metrics.views)
 	}
 	upstream.Subscribe(s.notify)
@@ -509,10 +523,19 @@ func (s *Server) debounce(ctx context.Context) {
 
 // push sends a change to every affected watch.
 func (s *Server) push(change model.Change, first time.Time) {
+	// The push's CPU time is its thread's while the goroutine holds it:
+	// on a busy host the push's wall time is mostly waiting for a CPU.
+	runtime.LockOSThread()
+	cpu0, cpuOK := threadCPU()
 	start := time.Now()
 	st := s.cache.Push(change)
 	end := time.Now()
+	cpu1, _ := threadCPU()
+	runtime.UnlockOSThread()
 	s.metrics.pushTime.Observe(end.Sub(start).Seconds())
+	if cpuOK {
+		s.metrics.pushCPU.Observe((cpu1 - cpu0).Seconds())
+	}
 	s.metrics.convergence.Observe(end.Sub(first).Seconds())
 	for t, n := range st.Responses {
 		if n > 0 {

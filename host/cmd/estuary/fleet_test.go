@@ -308,7 +308,8 @@ func footprintOf(t *testing.T, h *host) footprint.Sample {
 func (r *fleetRun) pushes(write func(s, n int) time.Time, plugins func() []int) {
 	t := r.t
 	var sotw, delta, all []time.Duration
-	var hostCPU, pluginCPU, pushSec float64
+	var hostCPU, pluginCPU, pushSec, genCPU float64
+	var firsts []time.Duration
 	var profile func()
 	if r.cfg.profile != "" {
 		profile = r.profileAsync("cpu", "profile", time.Duration(r.cfg.pushes)*2*time.Second)
@@ -319,7 +320,7 @@ func (r *fleetRun) pushes(write func(s, n int) time.Time, plugins func() []int) 
 		// Each hot service gains an endpoint, then loses it again.
 		want := r.cfg.endpoints + 1 - p/fleetHot%2
 		cla := r.cluster(s)
-		cpu0, pcpu0 := cpuSeconds(t, r.h.cmd.Process.Pid), pluginsCPU(t, plugins())
+		cpu0, pcpu0, gcpu0 := cpuSeconds(t, r.h.cmd.Process.Pid), pluginsCPU(t, plugins()), selfCPU()
 		at := write(s, want)
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.deadline())
 		err := r.fleet.Wait(ctx, func(c *xdsload.Client) bool {
@@ -332,9 +333,12 @@ func (r *fleetRun) pushes(write func(s, n int) time.Time, plugins func() []int) 
 		}
 		hostCPU += cpuSeconds(t, r.h.cmd.Process.Pid) - cpu0
 		pluginCPU += pluginsCPU(t, plugins()) - pcpu0
+		genCPU += selfCPU() - gcpu0
+		first := time.Duration(1<<63 - 1)
 		for _, c := range r.fleet.Clients() {
 			res, _ := c.Resource(resourcev3.EndpointType, cla)
 			d := res.At.Sub(at)
+			first = min(first, d)
 			all = append(all, d)
 			if c.Index()%2 == 0 {
 				sotw = append(sotw, d)
@@ -342,6 +346,7 @@ func (r *fleetRun) pushes(write func(s, n int) time.Time, plugins func() []int) 
 				delta = append(delta, d)
 			}
 		}
+		firsts = append(firsts, first)
 		// Let the ACKs land and the GC settle between changes.
 		time.Sleep(300 * time.Millisecond)
 	}
@@ -356,6 +361,21 @@ func (r *fleetRun) pushes(write func(s, n int) time.Time, plugins func() []int) 
 	}
 	r.row("convergence over %d changes, write → client: all %s; SotW %s; Delta %s", r.cfg.pushes, pcts(all), pcts(sotw), pcts(delta))
 	r.row("per change: host CPU %.3f s, plugin CPU %.3f s, host push (rebuild + hand to streams) %.1f ms", hostCPU/n, pluginCPU/n, pushSec*1000)
+	// Where a change's time goes: the first client bounds the source's
+	// part (API server, plugin, host pipeline) plus one send; the push's
+	// CPU time is its own work, its wall time adds the waits for a CPU;
+	// the response wait is a stream's wait to run once handed its
+	// response; the rest, to the last client, is the host's gRPC writes
+	// and the clients' reads, ACKs included, on the shared cores (the
+	// generator's CPU is this process's).
+	mean := func(m string) float64 {
+		if c := after.Values[m+"_count"] - before.Values[m+"_count"]; c > 0 {
+			return (after.Values[m+"_sum"] - before.Values[m+"_sum"]) / c * 1000
+		}
+		return 0
+	}
+	r.row("stages per change: write → first client %s (source + one send); push wall %.1f ms, push CPU %.1f ms; response wait for its stream mean %.1f ms; generator CPU %.3f s",
+		pcts(firsts), pushSec*1000, mean("estuary_xds_push_cpu_seconds"), mean("estuary_xds_response_wait_seconds"), genCPU/n)
 }
 
 // pcts formats p50/p99/max.
@@ -366,6 +386,15 @@ func pcts(ds []time.Duration) string {
 	slices.Sort(ds)
 	q := func(p float64) time.Duration { return ds[min(len(ds)-1, int(p*float64(len(ds))))] }
 	return fmt.Sprintf("p50 %s p99 %s max %s", q(0.5).Round(100*time.Microsecond), q(0.99).Round(100*time.Microsecond), ds[len(ds)-1].Round(100*time.Microsecond))
+}
+
+// selfCPU is this process's CPU seconds: the load generator's.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // cpuSeconds is utime+stime of pid, from /proc/PID/stat.
