@@ -133,6 +133,12 @@ func fleetConfigFromEnv(t *testing.T) fleetConfig {
 	if c.services < fleetWatch {
 		t.Fatalf("FLEET_SERVICES=%d: want at least %d", c.services, fleetWatch)
 	}
+	if c.profile != "" {
+		// Made here, not found missing after minutes of connecting.
+		if err := os.MkdirAll(c.profile, 0o755); err != nil {
+			t.Fatalf("FLEET_PROFILE: %v", err)
+		}
+	}
 	return c
 }
 
