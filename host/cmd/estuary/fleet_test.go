@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -238,6 +239,8 @@ func (r *fleetRun) start() {
 	if r.cfg.profile != "" {
 		profile = r.profileAsync("cpu-connect", "profile", 10*time.Second)
 	}
+	stopGen := r.profileSelf("gen-cpu-connect")
+	cpu := r.cpuNow()
 	t0 := time.Now()
 	f, err := xdsload.Start(context.Background(), xdsload.Options{
 		Addr: r.h.xds, Clients: r.cfg.clients, Protocol: xdsload.Mixed, Kind: xdsload.Sidecar,
@@ -250,7 +253,9 @@ func (r *fleetRun) start() {
 	r.fleet = f
 	t.Cleanup(f.Close)
 	r.waitServed("the initial state")
-	r.row("connect+initial state: %s for %d clients", time.Since(t0).Round(time.Millisecond), r.cfg.clients)
+	took := time.Since(t0)
+	stopGen()
+	r.row("connect+initial state: %s for %d clients; CPU %s", took.Round(time.Millisecond), r.cfg.clients, r.cpuSince(cpu))
 	if profile != nil {
 		profile()
 	}
@@ -416,17 +421,85 @@ func (r *fleetRun) storm() {
 		t.Fatal(err)
 	}
 	<-r.h.exited
+	stopGen := r.profileSelf("gen-cpu-storm")
+	self0 := selfCPU()
 	t0 := time.Now()
 	r.h = r.h.again()
+	var profile func()
+	if r.cfg.profile != "" {
+		// The new host's admin listener comes up with it; the profile
+		// starts as soon as it answers, off the storm's clock.
+		h := r.h
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for code, _ := h.get("/readyz"); code == 0; code, _ = h.get("/readyz") {
+				time.Sleep(5 * time.Millisecond)
+			}
+			r.profile("cpu-storm", "profile", 15*time.Second)
+		}()
+		profile = func() { <-done }
+	}
 	r.waitServed("the reconnect storm")
 	served := time.Since(t0)
+	stopGen()
+	cpu := fmt.Sprintf("host %.2f s (all of its life), generator %.2f s", cpuSeconds(t, r.h.cmd.Process.Pid), selfCPU()-self0)
+	if profile != nil {
+		profile()
+	}
 	ready := "?"
 	// The host is ready by now; /readyz turned 200 at most this late.
 	if code, _ := r.h.get("/readyz"); code == http.StatusOK {
 		ready = "ready"
 	}
-	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); streams %d, stream errors %d, problems %d",
-		r.cfg.clients, served.Round(time.Millisecond), ready, r.fleet.Stats().Streams, r.fleet.Stats().StreamErrors, r.fleet.Stats().Problems)
+	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); CPU %s; streams %d, stream errors %d, problems %d",
+		r.cfg.clients, served.Round(time.Millisecond), ready, cpu, r.fleet.Stats().Streams, r.fleet.Stats().StreamErrors, r.fleet.Stats().Problems)
+}
+
+// cpuMark is the CPU seconds of the host and of this process (the load
+// generator) at one moment.
+type cpuMark struct{ host, self float64 }
+
+func (r *fleetRun) cpuNow() cpuMark {
+	return cpuMark{cpuSeconds(r.t, r.h.cmd.Process.Pid), selfCPU()}
+}
+
+func (r *fleetRun) cpuSince(m cpuMark) string {
+	n := r.cpuNow()
+	return fmt.Sprintf("host %.2f s, generator %.2f s", n.host-m.host, n.self-m.self)
+}
+
+// selfCPU is this process's user+system CPU seconds: the load
+// generator's, which shares the machine with the host.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// profileSelf starts a CPU profile of this process (the load generator)
+// into FLEET_PROFILE, if set, and returns what stops it.
+func (r *fleetRun) profileSelf(name string) (stop func()) {
+	if r.cfg.profile == "" {
+		return func() {}
+	}
+	out := filepath.Join(r.cfg.profile, fmt.Sprintf("%s-%s-%d.pprof", name, r.name, r.cfg.clients))
+	f, err := os.Create(out)
+	if err != nil {
+		r.t.Fatalf("profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		r.t.Fatalf("profile %s: %v", out, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			r.t.Errorf("profile %s: %v", out, err)
+		}
+	}
 }
 
 // profile saves /debug/pprof/<path> of the host as FLEET_PROFILE/<name>-<source>.pprof.
