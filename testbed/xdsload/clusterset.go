@@ -76,7 +76,17 @@ type sets struct {
 	canonical map[digest]weak.Pointer[clusterSet]
 	sweepAt   int
 	memo      map[digest]*clusterSet // response digest → resulting set
+	clas      map[digest]claResult   // CLA bytes' digest → what they decode to
 }
+
+type claResult struct {
+	u   endpointUpdate
+	err error
+}
+
+// claLimit bounds the remembered CLAs; past it they are forgotten and
+// decoded again on demand.
+const claLimit = 1 << 14
 
 // memoLimit bounds the remembered transitions (each holds its set alive);
 // past it they are forgotten and rebuilt on demand.
@@ -88,7 +98,30 @@ func newSets() *sets {
 		canonical: map[digest]weak.Pointer[clusterSet]{},
 		sweepAt:   64,
 		memo:      map[digest]*clusterSet{},
+		clas:      map[digest]claResult{},
 	}
+}
+
+// cla decodes and validates a CLA's bytes, once for every client that
+// receives the same bytes.
+func (ss *sets) cla(b []byte) (endpointUpdate, error) {
+	h := ss.hasher()
+	h.bytes(b)
+	key := h.sum()
+	ss.mu.Lock()
+	r, ok := ss.clas[key]
+	ss.mu.Unlock()
+	if ok {
+		return r.u, r.err
+	}
+	r.u, r.err = decodeCLA(b)
+	ss.mu.Lock()
+	if len(ss.clas) >= claLimit {
+		clear(ss.clas)
+	}
+	ss.clas[key] = r
+	ss.mu.Unlock()
+	return r.u, r.err
 }
 
 // hasher writes the same bytes into two hashes.
