@@ -56,7 +56,19 @@ import (
 //     of the convergence is the source, the debounce and the wire);
 //   - the reconnect storm (kube only, FLEET_STORM=0 skips it): the host is
 //     killed with SIGKILL and started again; the time from the restart
-//     until every client holds its full state once more.
+//     until every client holds its full state once more. The clients
+//     reconnect as Envoy does (see xdsload's retryBase): one connection
+//     attempt per stream, a full-jitter backoff from 500 ms doubling to
+//     30 s, not gRPC's channel backoff (1 s ×1.6 to 120 s), which no Envoy
+//     uses. The host binds its xDS port before it starts its plugins and
+//     holds the streams it accepts until it is ready, so a client that
+//     reconnects early waits on an open stream rather than backing off.
+//   - for the connect and the storm, the CPU seconds of the host and of
+//     this process, the load generator, which shares the machine.
+//
+// All clients start connecting at once, each from its own goroutine, as
+// proxies that lost their control plane do; the generator decodes each
+// distinct CDS response and CLA once, so its cost stays out of the host's.
 //
 // It fails if any client ever held a partial configuration (a required
 // cluster missing from CDS, an empty CLA) once it had been fully served,
@@ -67,8 +79,10 @@ import (
 //
 // FLEET_DEBOUNCE sets xds debounce_after (default 0s: off). FLEET_ESTUARY
 // runs another estuary binary (a build of an older commit, to compare in
-// one run). FLEET_PROFILE=DIR saves the host's CPU profile over the pushes
-// and its heap profile with every client served, from /debug/pprof.
+// one run). FLEET_PROFILE=DIR saves the host's CPU profiles over the
+// connect, the pushes and the storm and its heap profile with every
+// client served, from /debug/pprof, and this process's CPU profiles over
+// the connect and the storm (gen-cpu-*).
 func TestFleet(t *testing.T) {
 	cfg := fleetConfigFromEnv(t)
 	raiseFDLimit(t)
