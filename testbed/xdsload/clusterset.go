@@ -154,11 +154,38 @@ func (h *hasher) string(s string) {
 
 func (h *hasher) sum() digest { return digest{h.h[0].Sum64(), h.h[1].Sum64()} }
 
+func (h *hasher) reset() {
+	h.h[0].Reset()
+	h.h[1].Reset()
+}
+
 // responseKey identifies a CDS response applied to prev: its kind (SotW
 // replaces, Delta updates), the resources' bytes and versions, the
-// removed names. Equal keys give equal sets.
+// removed names. Equal keys give equal sets. The order of the resources
+// and of the removed names does not count: it changes nothing in the
+// resulting set, and a server may list them in another order for every
+// client (go-control-plane's Delta does, from a map), which would cost
+// each client a decode of its own.
 func (ss *sets) responseKey(prev *clusterSet, replace bool, anys []*anypb.Any, versions func(int) string, removed []string) digest {
+	var sum digest // of every resource's digest: the same in any order
 	h := ss.hasher()
+	add := func() {
+		d := h.sum()
+		sum[0] += d[0]
+		sum[1] += d[1]
+		h.reset()
+	}
+	for i, a := range anys {
+		h.string(a.GetTypeUrl())
+		h.bytes(a.GetValue())
+		h.string(versions(i))
+		add()
+	}
+	for _, r := range removed {
+		h.string("removed")
+		h.string(r)
+		add()
+	}
 	if replace {
 		h.string("sotw")
 	} else {
@@ -167,15 +194,11 @@ func (ss *sets) responseKey(prev *clusterSet, replace bool, anys []*anypb.Any, v
 			h.bytes(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, prev.id[0]), prev.id[1]))
 		}
 	}
-	for i, a := range anys {
-		h.string(a.GetTypeUrl())
-		h.bytes(a.GetValue())
-		h.string(versions(i))
-	}
-	h.string("removed")
-	for _, r := range removed {
-		h.string(r)
-	}
+	var n [16]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(anys)))
+	binary.LittleEndian.PutUint64(n[8:], uint64(len(removed)))
+	h.bytes(n[:])
+	h.bytes(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, sum[0]), sum[1]))
 	return h.sum()
 }
 

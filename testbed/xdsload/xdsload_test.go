@@ -479,3 +479,38 @@ func TestResponseCodecDecodesAsProtobuf(t *testing.T) {
 		t.Error("a response with a string that is not UTF-8 decoded")
 	}
 }
+
+// TestResponseKeyIgnoresOrder: a response names the same set in any
+// order, and a different one when a resource, a version, a removed name
+// or the protocol differs.
+func TestResponseKeyIgnoresOrder(t *testing.T) {
+	ss := newSets()
+	anyOf := func(name string) *anypb.Any {
+		a, err := anypb.New(eds(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a, b, c := anyOf("a"), anyOf("b"), anyOf("c")
+	v := func(s string) func(int) string { return func(int) string { return s } }
+	key := ss.responseKey(nil, true, []*anypb.Any{a, b}, v("1"), nil)
+	if got := ss.responseKey(nil, true, []*anypb.Any{b, a}, v("1"), nil); got != key {
+		t.Error("the order of the resources changes the key")
+	}
+	if ss.responseKey(nil, false, []*anypb.Any{a}, v("1"), []string{"x", "y"}) != ss.responseKey(nil, false, []*anypb.Any{a}, v("1"), []string{"y", "x"}) {
+		t.Error("the order of the removed names changes the key")
+	}
+	for name, other := range map[string]digest{
+		"another resource":  ss.responseKey(nil, true, []*anypb.Any{a, c}, v("1"), nil),
+		"one resource less": ss.responseKey(nil, true, []*anypb.Any{a}, v("1"), nil),
+		"one twice":         ss.responseKey(nil, true, []*anypb.Any{a, b, b}, v("1"), nil),
+		"another version":   ss.responseKey(nil, true, []*anypb.Any{a, b}, v("2"), nil),
+		"a removed name":    ss.responseKey(nil, true, []*anypb.Any{a, b}, v("1"), []string{"x"}),
+		"Delta":             ss.responseKey(nil, false, []*anypb.Any{a, b}, v("1"), nil),
+	} {
+		if other == key {
+			t.Errorf("%s: same key", name)
+		}
+	}
+}
