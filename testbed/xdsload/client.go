@@ -350,40 +350,37 @@ func decodeCLA(b []byte) (endpointUpdate, error) {
 
 // nextClusters works out the set a CDS response leads to: SotW (replace)
 // replaces the set, Delta adds ups and drops removed. If another client
-// has applied the same response to the same set, its result is shared;
-// otherwise the response is decoded and validated, and an error is a
-// reason to NACK.
+// has applied (or is applying) the same response to the same set, its
+// result is shared, a failure too; otherwise the response is decoded and
+// validated, and an error is a reason to NACK.
 func (c *Client) nextClusters(replace bool, anys []*anypb.Any, versions func(int) string, removed []string) (*clusterSet, error) {
 	c.mu.Lock()
 	prev := c.cds
 	c.mu.Unlock()
 	ss := c.f.sets
 	key := ss.responseKey(prev, replace, anys, versions, removed)
-	if s, ok := ss.remembered(key); ok {
-		return s, nil
-	}
-	ups, err := decodeClusters(anys)
-	if err != nil {
-		return nil, err
-	}
-	var es []setEntry
-	if !replace && prev != nil {
-		gone := make(map[string]bool, len(removed))
-		for _, r := range removed {
-			gone[r] = true
+	return ss.memo.do(key, func() (*clusterSet, error) {
+		ups, err := decodeClusters(anys)
+		if err != nil {
+			return nil, err
 		}
-		for _, e := range prev.entries() {
-			if !gone[e.name.Value()] {
-				es = append(es, e)
+		var es []setEntry
+		if !replace && prev != nil {
+			gone := make(map[string]bool, len(removed))
+			for _, r := range removed {
+				gone[r] = true
+			}
+			for _, e := range prev.entries() {
+				if !gone[e.name.Value()] {
+					es = append(es, e)
+				}
 			}
 		}
-	}
-	for i, u := range ups {
-		es = append(es, setEntry{name: u.name, eds: u.eds, version: versions(i)})
-	}
-	s := ss.build(sortEntries(es), c.f.required)
-	ss.remember(key, s)
-	return s, nil
+		for i, u := range ups {
+			es = append(es, setEntry{name: u.name, eds: u.eds, version: versions(i)})
+		}
+		return ss.build(sortEntries(es), c.f.required), nil
+	})
 }
 
 // applyClusters makes s the client's clusters, judges them, and returns

@@ -75,30 +75,59 @@ type sets struct {
 	mu        sync.Mutex
 	canonical map[digest]weak.Pointer[clusterSet]
 	sweepAt   int
-	memo      map[digest]*clusterSet // response digest → resulting set
-	clas      map[digest]claResult   // CLA bytes' digest → what they decode to
+	memo      onceMap[*clusterSet]    // response digest → resulting set
+	clas      onceMap[endpointUpdate] // CLA bytes' digest → what they decode to
 }
 
-type claResult struct {
-	u   endpointUpdate
-	err error
+// onceMap runs a computation once per key, for every client that asks for
+// it, including those that ask while it runs: a fleet connecting at once
+// receives the same response on a thousand streams within milliseconds,
+// and a memo filled only after the first decode would let them all decode.
+// Past limit keys it forgets them all, and computes again on demand.
+type onceMap[V any] struct {
+	limit int
+	mu    sync.Mutex
+	m     map[digest]*onceEntry[V]
 }
 
-// claLimit bounds the remembered CLAs; past it they are forgotten and
-// decoded again on demand.
-const claLimit = 1 << 14
+type onceEntry[V any] struct {
+	done chan struct{}
+	v    V
+	err  error
+}
 
-// memoLimit bounds the remembered transitions (each holds its set alive);
-// past it they are forgotten and rebuilt on demand.
-const memoLimit = 64
+func (o *onceMap[V]) do(key digest, f func() (V, error)) (V, error) {
+	o.mu.Lock()
+	if e, ok := o.m[key]; ok {
+		o.mu.Unlock()
+		<-e.done
+		return e.v, e.err
+	}
+	if o.m == nil || len(o.m) >= o.limit {
+		o.m = map[digest]*onceEntry[V]{}
+	}
+	e := &onceEntry[V]{done: make(chan struct{})}
+	o.m[key] = e
+	o.mu.Unlock()
+	defer close(e.done)
+	e.v, e.err = f()
+	return e.v, e.err
+}
+
+// memoLimit bounds the remembered transitions (each holds its set alive),
+// claLimit the remembered CLAs.
+const (
+	memoLimit = 64
+	claLimit  = 1 << 14
+)
 
 func newSets() *sets {
 	return &sets{
 		seeds:     [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		canonical: map[digest]weak.Pointer[clusterSet]{},
 		sweepAt:   64,
-		memo:      map[digest]*clusterSet{},
-		clas:      map[digest]claResult{},
+		memo:      onceMap[*clusterSet]{limit: memoLimit},
+		clas:      onceMap[endpointUpdate]{limit: claLimit},
 	}
 }
 
@@ -107,21 +136,7 @@ func newSets() *sets {
 func (ss *sets) cla(b []byte) (endpointUpdate, error) {
 	h := ss.hasher()
 	h.bytes(b)
-	key := h.sum()
-	ss.mu.Lock()
-	r, ok := ss.clas[key]
-	ss.mu.Unlock()
-	if ok {
-		return r.u, r.err
-	}
-	r.u, r.err = decodeCLA(b)
-	ss.mu.Lock()
-	if len(ss.clas) >= claLimit {
-		clear(ss.clas)
-	}
-	ss.clas[key] = r
-	ss.mu.Unlock()
-	return r.u, r.err
+	return ss.clas.do(h.sum(), func() (endpointUpdate, error) { return decodeCLA(b) })
 }
 
 // hasher writes the same bytes into two hashes.
@@ -200,22 +215,6 @@ func (ss *sets) responseKey(prev *clusterSet, replace bool, anys []*anypb.Any, v
 	h.bytes(n[:])
 	h.bytes(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, sum[0]), sum[1]))
 	return h.sum()
-}
-
-func (ss *sets) remembered(key digest) (*clusterSet, bool) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s, ok := ss.memo[key]
-	return s, ok
-}
-
-func (ss *sets) remember(key digest, s *clusterSet) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if len(ss.memo) >= memoLimit {
-		clear(ss.memo)
-	}
-	ss.memo[key] = s
 }
 
 // build returns the set of entries (sorted by name, unique), shared with
