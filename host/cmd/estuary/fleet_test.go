@@ -466,8 +466,25 @@ func (r *fleetRun) storm() {
 	if code, _ := r.h.get("/readyz"); code == http.StatusOK {
 		ready = "ready"
 	}
-	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); CPU %s; streams %d, stream errors %d, problems %d",
-		r.cfg.clients, served.Round(time.Millisecond), ready, cpu, r.fleet.Stats().Streams, r.fleet.Stats().StreamErrors, r.fleet.Stats().Problems)
+	st := r.fleet.Stats()
+	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); CPU %s; streams %d, stream errors %d (last: %q), refused by xds limits %s, problems %d",
+		r.cfg.clients, served.Round(time.Millisecond), ready, cpu, st.Streams, st.StreamErrors, st.LastStreamError, r.refusals(), st.Problems)
+}
+
+// refusals is the host's estuary_xds_limit_refusals_total by limit: a
+// client refused backs off, up to 30 s, which a storm's time shows.
+func (r *fleetRun) refusals() string {
+	_, b := r.h.get("/metrics")
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "estuary_xds_limit_refusals_total{") {
+			out = append(out, strings.TrimPrefix(l, "estuary_xds_limit_refusals_total"))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 // cpuMark is the CPU seconds of the host and of this process (the load
