@@ -2,7 +2,9 @@ package xds
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -102,4 +104,39 @@ func gaugeValue(t *testing.T, s *Server) float64 {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
+}
+
+// TestReadyWaitsForThePushInFlight: a change the debounce loop has taken,
+// but not yet pushed into the cache, when the gate opens reaches the held
+// clients in their first response. Answered without it, every client
+// that reconnected to a restarting host would get a partial
+// configuration: the reconnect storm's clients did, once they came back
+// faster than the host's plugins synced.
+func TestReadyWaitsForThePushInFlight(t *testing.T) {
+	h := newHeld(t, Options{})
+	taken, resume := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	h.s.beforePush = func() {
+		once.Do(func() {
+			taken <- struct{}{}
+			<-resume
+		})
+	}
+	ch := h.sotwCDS()
+	recv(t, h.held, "watch held")
+	h.f.service(svcHost(9), 8080)
+	recv(t, taken, "the change taken for a push")
+	close(h.gate)
+	// A server that answered now would send the two clusters the cache
+	// holds without the third. Give it the time to (the test cannot wait
+	// for something that must not happen), then let the push go on.
+	select {
+	case r := <-ch:
+		t.Fatalf("answered with %d clusters while a push was on its way", len(r.GetResources()))
+	case <-time.After(time.Second):
+	}
+	close(resume)
+	if r := recv(t, ch, "CDS once ready"); len(r.GetResources()) != 3 {
+		t.Errorf("first CDS has %d clusters, want all 3", len(r.GetResources()))
+	}
 }

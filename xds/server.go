@@ -105,8 +105,11 @@ type Server struct {
 	nodesMu sync.Mutex
 	streams map[int64]*streamInfo // by streamKey
 
-	// onPush, if set, observes every push, for tests.
-	onPush func(PushStats, model.Change)
+	// onPush, if set, observes every push, for tests; beforePush is
+	// called with each change the debounce loop has taken, before it
+	// reaches the cache.
+	onPush     func(PushStats, model.Change)
+	beforePush func()
 }
 
 type metrics struct {
@@ -393,11 +396,6 @@ func (s *Server) Run(ctx context.Context) error {
 		defer close(debounced)
 		s.debounce(serving)
 	}()
-	released := make(chan struct{})
-	go func() {
-		defer close(released)
-		s.awaitReady(serving)
-	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(s.ln) }()
 
@@ -416,24 +414,19 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	stopServing()
 	<-debounced
-	<-released
 	return err
 }
 
-// awaitReady waits for Options.Ready, then answers the held watches,
-// unless ctx ends first. Pushes go on while held: they keep the cache
-// current and answer no one.
-func (s *Server) awaitReady(ctx context.Context) {
-	if s.opts.Ready == nil {
-		return
-	}
-	select {
-	case <-ctx.Done():
-		return
-	case <-s.opts.Ready:
-	}
-	// The change that made the host ready may still be debouncing: push
-	// what is pending first, so the held clients get all of it.
+// release answers the held watches once Options.Ready has closed. The
+// debounce loop calls it: it is the goroutine that pushes, so no change
+// it has taken can still be on its way into the cache while the watches
+// are answered from it. (Released from another goroutine, a change taken
+// just before the gate opened could reach the cache after the held
+// clients had been answered without it: a partial first configuration
+// for every client that reconnected to a restarting host.) What is
+// pending, debounced or not, goes in first, so the held clients get all
+// of it.
+func (s *Server) release() {
 	s.pendingMu.Lock()
 	change, first := s.pending, s.firstAt
 	s.pending = model.Change{}
@@ -489,14 +482,21 @@ func (s *Server) notify(c model.Change) {
 }
 
 // debounce pushes pending changes once they have been quiet for
-// DebounceAfter, or once DebounceMax has passed since the first of them.
+// DebounceAfter, or once DebounceMax has passed since the first of them,
+// and releases the held clients once Options.Ready closes. Pushes go on
+// while clients are held: they keep the cache current and answer no one.
 func (s *Server) debounce(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	ready := s.opts.Ready // nil: nothing is held, and this never fires
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-ready:
+			ready = nil
+			s.release()
+			continue
 		case <-s.wake:
 		case <-timer.C:
 		}
@@ -517,6 +517,9 @@ func (s *Server) debounce(ctx context.Context) {
 		change, first := s.pending, s.firstAt
 		s.pending = model.Change{}
 		s.pendingMu.Unlock()
+		if s.beforePush != nil {
+			s.beforePush()
+		}
 		s.push(change, first)
 	}
 }

@@ -60,9 +60,12 @@ type Client struct {
 
 	// life serializes Connect and Disconnect.
 	life   sync.Mutex
-	conn   *grpc.ClientConn
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the connection's goroutine returns
+	done   chan struct{} // closed when the client's goroutine returns
+
+	// received: the current stream has delivered a response. Only the
+	// client's goroutine uses it.
+	received bool
 
 	mu        sync.Mutex
 	cds       *clusterSet // nil before the stream's first CDS response
@@ -138,32 +141,21 @@ func (c *Client) clusterLocked(n name) (Resource, bool) {
 	return Resource{Version: version, At: time.Unix(0, at)}, true
 }
 
-// Connect opens the client's own gRPC connection and starts its ADS
-// stream in the background. It does nothing if the client is connected.
+// Connect starts the client: in the background it opens its own gRPC
+// connection and ADS stream, and opens them again, after a backoff, when
+// they end. It does nothing if the client is started.
 func (c *Client) Connect() error {
 	c.life.Lock()
 	defer c.life.Unlock()
-	if c.conn != nil {
+	if c.done != nil {
 		return nil
 	}
 	if c.f.ctx.Err() != nil {
 		return c.f.ctx.Err()
 	}
-	conn, err := grpc.NewClient("passthrough:///"+c.f.opts.Addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDisableServiceConfig(),
-		// A smaller read buffer than gRPC's 32 KiB: it only batches
-		// syscalls, and 10,000 clients pay for it 10,000 times. (The
-		// write buffer is shared between writes by default.)
-		grpc.WithReadBufferSize(16<<10),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
-	)
-	if err != nil {
-		return fmt.Errorf("xdsload: client %d: %w", c.index, err)
-	}
 	ctx, cancel := context.WithCancel(c.f.ctx)
-	c.conn, c.cancel, c.done = conn, cancel, make(chan struct{})
-	go c.run(ctx, conn, c.done)
+	c.cancel, c.done = cancel, make(chan struct{})
+	go c.run(ctx, c.done)
 	return nil
 }
 
@@ -173,13 +165,12 @@ func (c *Client) Connect() error {
 func (c *Client) Disconnect() {
 	c.life.Lock()
 	defer c.life.Unlock()
-	if c.conn == nil {
+	if c.done == nil {
 		return
 	}
 	c.cancel()
-	c.conn.Close()
 	<-c.done
-	c.conn, c.cancel, c.done = nil, nil, nil
+	c.cancel, c.done = nil, nil
 }
 
 // Reconnect closes the client's connection and opens a new one, as a
@@ -189,39 +180,56 @@ func (c *Client) Reconnect() error {
 	return c.Connect()
 }
 
-// run keeps one ADS stream open on conn until ctx ends, opening another
-// when the server ends one.
-func (c *Client) run(ctx context.Context, conn *grpc.ClientConn, done chan struct{}) {
+// run keeps one ADS stream open until ctx ends: when one ends, or cannot
+// be opened, it waits out Envoy's backoff and makes another attempt.
+func (c *Client) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
-	backoff := minBackoff
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	for ctx.Err() == nil {
-		began := time.Now()
-		var err error
-		if c.f.opts.protocolOf(c.index) == Delta {
-			err = c.delta(ctx, ads)
-		} else {
-			err = c.sotw(ctx, ads)
-		}
+	var b backoff
+	for {
+		err := c.attempt(ctx)
 		c.endStream()
 		if ctx.Err() != nil {
 			return
 		}
 		c.f.streamEnded(err)
-		if time.Since(began) > healthyStream {
-			backoff = minBackoff
+		if c.received {
+			b.reset()
 		}
-		timer.Reset(backoff/2 + time.Duration(c.f.jitter(int64(backoff/2))))
+		timer := time.NewTimer(b.wait(c.f.jitter))
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
 		case <-timer.C:
 		}
-		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// attempt opens a connection and a stream on it, and runs the stream
+// until it ends. The connection is the client's own and lives as long as
+// the stream: an Envoy opens one per attempt.
+func (c *Client) attempt(ctx context.Context) error {
+	c.received = false
+	conn, err := grpc.NewClient("passthrough:///"+c.f.opts.Addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDisableServiceConfig(),
+		// A smaller read buffer than gRPC's 32 KiB: it only batches
+		// syscalls, and 10,000 clients pay for it 10,000 times. (The
+		// write buffer is shared between writes by default.)
+		grpc.WithReadBufferSize(16<<10),
+		grpc.WithInitialWindowSize(envoyWindow),
+		grpc.WithInitialConnWindowSize(envoyWindow),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.ForceCodecV2(responseCodec{})),
+	)
+	if err != nil {
+		return fmt.Errorf("xdsload: client %d: %w", c.index, err)
+	}
+	defer conn.Close()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	if c.f.opts.protocolOf(c.index) == Delta {
+		return c.delta(ctx, ads)
+	}
+	return c.sotw(ctx, ads)
 }
 
 // beginStream forgets what the last stream delivered: a new stream starts
@@ -307,65 +315,72 @@ type endpointUpdate struct {
 	endpoints uint32
 }
 
-func decodeEndpoints(anys []*anypb.Any) ([]endpointUpdate, error) {
+// decodeEndpoints decodes and validates a response's CLAs as Envoy does;
+// an error is a reason to NACK. A CLA that many clients receive is
+// decoded once (see sets.cla).
+func (c *Client) decodeEndpoints(anys []*anypb.Any) ([]endpointUpdate, error) {
 	out := make([]endpointUpdate, 0, len(anys))
-	var cla endpointv3.ClusterLoadAssignment
 	for _, a := range anys {
 		if a.GetTypeUrl() != resourcev3.EndpointType {
 			return nil, fmt.Errorf("resource of type %q in an EDS response", a.GetTypeUrl())
 		}
-		proto.Reset(&cla)
-		if err := proto.Unmarshal(a.GetValue(), &cla); err != nil {
-			return nil, fmt.Errorf("cluster load assignment: %w", err)
+		u, err := c.f.sets.cla(a.GetValue())
+		if err != nil {
+			return nil, err
 		}
-		if err := cla.Validate(); err != nil {
-			return nil, fmt.Errorf("cluster load assignment %q: %w", cla.GetClusterName(), err)
-		}
-		n := 0
-		for _, l := range cla.GetEndpoints() {
-			n += len(l.GetLbEndpoints())
-		}
-		out = append(out, endpointUpdate{name: unique.Make(cla.GetClusterName()), endpoints: uint32(n)})
+		out = append(out, u)
 	}
 	return out, nil
 }
 
+func decodeCLA(b []byte) (endpointUpdate, error) {
+	var cla endpointv3.ClusterLoadAssignment
+	if err := proto.Unmarshal(b, &cla); err != nil {
+		return endpointUpdate{}, fmt.Errorf("cluster load assignment: %w", err)
+	}
+	if err := cla.Validate(); err != nil {
+		return endpointUpdate{}, fmt.Errorf("cluster load assignment %q: %w", cla.GetClusterName(), err)
+	}
+	n := 0
+	for _, l := range cla.GetEndpoints() {
+		n += len(l.GetLbEndpoints())
+	}
+	return endpointUpdate{name: unique.Make(cla.GetClusterName()), endpoints: uint32(n)}, nil
+}
+
 // nextClusters works out the set a CDS response leads to: SotW (replace)
 // replaces the set, Delta adds ups and drops removed. If another client
-// has applied the same response to the same set, its result is shared;
-// otherwise the response is decoded and validated, and an error is a
-// reason to NACK.
+// has applied (or is applying) the same response to the same set, its
+// result is shared, a failure too; otherwise the response is decoded and
+// validated, and an error is a reason to NACK.
 func (c *Client) nextClusters(replace bool, anys []*anypb.Any, versions func(int) string, removed []string) (*clusterSet, error) {
 	c.mu.Lock()
 	prev := c.cds
 	c.mu.Unlock()
 	ss := c.f.sets
 	key := ss.responseKey(prev, replace, anys, versions, removed)
-	if s, ok := ss.remembered(key); ok {
-		return s, nil
-	}
-	ups, err := decodeClusters(anys)
-	if err != nil {
-		return nil, err
-	}
-	var es []setEntry
-	if !replace && prev != nil {
-		gone := make(map[string]bool, len(removed))
-		for _, r := range removed {
-			gone[r] = true
+	return ss.memo.do(key, func() (*clusterSet, error) {
+		ups, err := decodeClusters(anys)
+		if err != nil {
+			return nil, err
 		}
-		for _, e := range prev.entries() {
-			if !gone[e.name.Value()] {
-				es = append(es, e)
+		var es []setEntry
+		if !replace && prev != nil {
+			gone := make(map[string]bool, len(removed))
+			for _, r := range removed {
+				gone[r] = true
+			}
+			for _, e := range prev.entries() {
+				if !gone[e.name.Value()] {
+					es = append(es, e)
+				}
 			}
 		}
-	}
-	for i, u := range ups {
-		es = append(es, setEntry{name: u.name, eds: u.eds, version: versions(i)})
-	}
-	s := ss.build(sortEntries(es), c.f.required)
-	ss.remember(key, s)
-	return s, nil
+		for i, u := range ups {
+			es = append(es, setEntry{name: u.name, eds: u.eds, version: versions(i)})
+		}
+		return ss.build(sortEntries(es), c.f.required), nil
+	})
 }
 
 // applyClusters makes s the client's clusters, judges them, and returns

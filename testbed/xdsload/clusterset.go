@@ -75,20 +75,68 @@ type sets struct {
 	mu        sync.Mutex
 	canonical map[digest]weak.Pointer[clusterSet]
 	sweepAt   int
-	memo      map[digest]*clusterSet // response digest → resulting set
+	memo      onceMap[*clusterSet]    // response digest → resulting set
+	clas      onceMap[endpointUpdate] // CLA bytes' digest → what they decode to
 }
 
-// memoLimit bounds the remembered transitions (each holds its set alive);
-// past it they are forgotten and rebuilt on demand.
-const memoLimit = 64
+// onceMap runs a computation once per key, for every client that asks for
+// it, including those that ask while it runs: a fleet connecting at once
+// receives the same response on a thousand streams within milliseconds,
+// and a memo filled only after the first decode would let them all decode.
+// Past limit keys it forgets them all, and computes again on demand.
+type onceMap[V any] struct {
+	limit int
+	mu    sync.Mutex
+	m     map[digest]*onceEntry[V]
+}
+
+type onceEntry[V any] struct {
+	done chan struct{}
+	v    V
+	err  error
+}
+
+func (o *onceMap[V]) do(key digest, f func() (V, error)) (V, error) {
+	o.mu.Lock()
+	if e, ok := o.m[key]; ok {
+		o.mu.Unlock()
+		<-e.done
+		return e.v, e.err
+	}
+	if o.m == nil || len(o.m) >= o.limit {
+		o.m = map[digest]*onceEntry[V]{}
+	}
+	e := &onceEntry[V]{done: make(chan struct{})}
+	o.m[key] = e
+	o.mu.Unlock()
+	defer close(e.done)
+	e.v, e.err = f()
+	return e.v, e.err
+}
+
+// memoLimit bounds the remembered transitions (each holds its set alive),
+// claLimit the remembered CLAs.
+const (
+	memoLimit = 64
+	claLimit  = 1 << 14
+)
 
 func newSets() *sets {
 	return &sets{
 		seeds:     [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		canonical: map[digest]weak.Pointer[clusterSet]{},
 		sweepAt:   64,
-		memo:      map[digest]*clusterSet{},
+		memo:      onceMap[*clusterSet]{limit: memoLimit},
+		clas:      onceMap[endpointUpdate]{limit: claLimit},
 	}
+}
+
+// cla decodes and validates a CLA's bytes, once for every client that
+// receives the same bytes.
+func (ss *sets) cla(b []byte) (endpointUpdate, error) {
+	h := ss.hasher()
+	h.bytes(b)
+	return ss.clas.do(h.sum(), func() (endpointUpdate, error) { return decodeCLA(b) })
 }
 
 // hasher writes the same bytes into two hashes.
@@ -121,11 +169,38 @@ func (h *hasher) string(s string) {
 
 func (h *hasher) sum() digest { return digest{h.h[0].Sum64(), h.h[1].Sum64()} }
 
+func (h *hasher) reset() {
+	h.h[0].Reset()
+	h.h[1].Reset()
+}
+
 // responseKey identifies a CDS response applied to prev: its kind (SotW
 // replaces, Delta updates), the resources' bytes and versions, the
-// removed names. Equal keys give equal sets.
+// removed names. Equal keys give equal sets. The order of the resources
+// and of the removed names does not count: it changes nothing in the
+// resulting set, and a server may list them in another order for every
+// client (go-control-plane's Delta does, from a map), which would cost
+// each client a decode of its own.
 func (ss *sets) responseKey(prev *clusterSet, replace bool, anys []*anypb.Any, versions func(int) string, removed []string) digest {
+	var sum digest // of every resource's digest: the same in any order
 	h := ss.hasher()
+	add := func() {
+		d := h.sum()
+		sum[0] += d[0]
+		sum[1] += d[1]
+		h.reset()
+	}
+	for i, a := range anys {
+		h.string(a.GetTypeUrl())
+		h.bytes(a.GetValue())
+		h.string(versions(i))
+		add()
+	}
+	for _, r := range removed {
+		h.string("removed")
+		h.string(r)
+		add()
+	}
 	if replace {
 		h.string("sotw")
 	} else {
@@ -134,32 +209,12 @@ func (ss *sets) responseKey(prev *clusterSet, replace bool, anys []*anypb.Any, v
 			h.bytes(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, prev.id[0]), prev.id[1]))
 		}
 	}
-	for i, a := range anys {
-		h.string(a.GetTypeUrl())
-		h.bytes(a.GetValue())
-		h.string(versions(i))
-	}
-	h.string("removed")
-	for _, r := range removed {
-		h.string(r)
-	}
+	var n [16]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(anys)))
+	binary.LittleEndian.PutUint64(n[8:], uint64(len(removed)))
+	h.bytes(n[:])
+	h.bytes(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, sum[0]), sum[1]))
 	return h.sum()
-}
-
-func (ss *sets) remembered(key digest) (*clusterSet, bool) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	s, ok := ss.memo[key]
-	return s, ok
-}
-
-func (ss *sets) remember(key digest, s *clusterSet) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if len(ss.memo) >= memoLimit {
-		clear(ss.memo)
-	}
-	ss.memo[key] = s
 }
 
 // build returns the set of entries (sorted by name, unique), shared with

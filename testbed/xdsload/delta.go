@@ -40,7 +40,7 @@ func (c *Client) delta(ctx context.Context, ads discoveryv3.AggregatedDiscoveryS
 				}
 			}
 		case resourcev3.EndpointType:
-			ups, err := decodeEndpoints(anys)
+			ups, err := c.decodeEndpoints(anys)
 			if err != nil {
 				reply.ErrorDetail = c.nack(err)
 				break

@@ -96,16 +96,43 @@ type Options struct {
 	MaxProblems int
 }
 
-// Retry bounds of a client whose stream ends without being asked to. gRPC
-// itself backs off reconnecting the connection; this covers a server that
-// accepts a stream and ends it at once.
+// A client reconnects as Envoy's ADS client does (GrpcStream in
+// envoyproxy/envoy source/extensions/config_subscription/grpc/grpc_stream.h,
+// JitteredExponentialBackOffStrategy in source/common/common/backoff_strategy.cc):
+// after a stream ends or fails to open, it waits a random time in
+// [0, interval), where interval starts at 500 ms and doubles up to 30 s,
+// and back to 500 ms once a stream has delivered a response. Each attempt
+// is one connection attempt: Envoy's connection pool makes one when the
+// stream starts and has no backoff of its own. So the client does not use
+// gRPC's channel backoff (1 s, ×1.6, up to 120 s, between attempts it makes
+// on its own), which would stretch a storm to what no Envoy would see.
 const (
-	minBackoff = 100 * time.Millisecond
-	maxBackoff = 5 * time.Second
-	// healthyStream is how long a stream must have lived for its end to
-	// reset the backoff.
-	healthyStream = 10 * time.Second
+	retryBase = 500 * time.Millisecond
+	retryMax  = 30 * time.Second
+	// envoyWindow is Envoy's default HTTP/2 stream and connection flow-
+	// control window (Http2ProtocolOptions initial_stream_window_size and
+	// initial_connection_window_size, 256 MiB), which its gRPC client
+	// uses. gRPC's own 64 KiB start would make the server wait for window
+	// updates a few times within every large CDS response.
+	envoyWindow = 256 << 20
 )
+
+// backoff is Envoy's jittered exponential backoff.
+type backoff struct{ next time.Duration }
+
+// wait returns how long to wait before the next attempt, given random,
+// which returns a number in [0, n).
+func (b *backoff) wait(random func(n int64) int64) time.Duration {
+	if b.next == 0 {
+		b.next = retryBase
+	}
+	d := time.Duration(random(int64(b.next)))
+	b.next = min(2*b.next, retryMax)
+	return d
+}
+
+// reset starts over at the base interval: a stream delivered a response.
+func (b *backoff) reset() { b.next = 0 }
 
 func (o *Options) validate() error {
 	host, _, err := net.SplitHostPort(o.Addr)

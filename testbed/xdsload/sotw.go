@@ -42,7 +42,7 @@ func (c *Client) sotw(ctx context.Context, ads discoveryv3.AggregatedDiscoverySe
 			return &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: version, ResponseNonce: nonce}, nil
 		case resourcev3.EndpointType:
 			edsNonce = nonce
-			ups, err := decodeEndpoints(resp.GetResources())
+			ups, err := c.decodeEndpoints(resp.GetResources())
 			if err != nil {
 				nack := edsRequest(edsVersion, nonce)
 				nack.ErrorDetail = c.nack(err)

@@ -22,9 +22,9 @@ func converse[Req, Resp any](ctx context.Context, c *Client,
 ) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// WaitForReady: a client whose server is down waits for it, with
-	// gRPC's connection backoff, instead of failing at once.
-	st, err := open(ctx, grpc.WaitForReady(true))
+	// Not WaitForReady: if the one connection attempt fails, so does the
+	// stream, and the client backs off as Envoy does (see retryBase).
+	st, err := open(ctx)
 	if err != nil {
 		return err
 	}
@@ -39,6 +39,7 @@ func converse[Req, Resp any](ctx context.Context, c *Client,
 			return err
 		}
 		at := time.Now()
+		c.received = true
 		c.f.responses.Add(1)
 		reply, err := handle(st, resp, at)
 		if err != nil {

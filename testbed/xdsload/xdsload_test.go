@@ -19,6 +19,9 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -355,5 +358,159 @@ func TestClientsShareTheirClusters(t *testing.T) {
 	}
 	if sa, _ := cs[0].Resource(resourcev3.ClusterType, "a"); !sa.At.After(firstSotW.At) || sa.Version == firstSotW.Version {
 		t.Errorf("SotW client: cluster a %+v, first %+v: every response carries it anew", sa, firstSotW)
+	}
+}
+
+// TestClientsWaitForAServerThatIsNotUpYet: clients started before their
+// server listens fail their attempts, back off as Envoy does, and are
+// served once it is up: a storm after a restart looks like this.
+func TestClientsWaitForAServerThatIsNotUpYet(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	f, err := Start(context.Background(), Options{Addr: addr, Clients: 4, Protocol: Mixed, Required: []string{"a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	wait(t, f, "refused attempts", func(*Client) bool { return f.Stats().StreamErrors >= 4 })
+	if st := f.Stats(); st.Streams != 0 || st.Connected != 0 {
+		t.Fatalf("streams with no server: %+v", st)
+	}
+
+	s := &server{t: t, cache: cachev3.NewSnapshotCache(false, oneNode{}, quiet{}), addr: addr}
+	s.set([]*clusterv3.Cluster{eds("a")}, cla("a", 1))
+	if ln, err = net.Listen("tcp", addr); err != nil {
+		t.Fatal(err)
+	}
+	s.serve(ln)
+	t.Cleanup(func() { s.grpc.Stop() })
+	wait(t, f, "the config", func(c *Client) bool { return c.Served() && endpointsOf(c, "a") == 1 })
+	if st := f.Stats(); st.Problems != 0 || st.Streams != 4 {
+		t.Errorf("stats %+v, problems %v", st, f.Problems())
+	}
+}
+
+// TestBackoffIsEnvoys: waits are drawn from [0, interval), the interval
+// doubling from 500 ms to 30 s, and starting over after a response.
+func TestBackoffIsEnvoys(t *testing.T) {
+	var b backoff
+	var got []time.Duration
+	top := func(n int64) int64 { got = append(got, time.Duration(n)); return n - 1 }
+	for range 9 {
+		if d := b.wait(top); d != got[len(got)-1]-1 {
+			t.Fatalf("wait %v with the draw at the top of [0, %v)", d, got[len(got)-1])
+		}
+	}
+	b.reset()
+	b.wait(top)
+	s := time.Second
+	want := []time.Duration{s / 2, s, 2 * s, 4 * s, 8 * s, 16 * s, 30 * s, 30 * s, 30 * s, s / 2}
+	if !slices.Equal(got, want) {
+		t.Errorf("intervals %v, want %v", got, want)
+	}
+}
+
+// TestResponseCodecDecodesAsProtobuf: the clients' codec gives the same
+// messages as protobuf, by hand where it can and through protobuf for a
+// field it does not decode itself, and fails where protobuf fails.
+func TestResponseCodecDecodesAsProtobuf(t *testing.T) {
+	anyOf := func(m proto.Message) *anypb.Any {
+		a, err := anypb.New(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	sotw := &discoveryv3.DiscoveryResponse{VersionInfo: "v1", TypeUrl: resourcev3.ClusterType, Nonce: "n1",
+		Resources: []*anypb.Any{anyOf(eds("a")), anyOf(logical("b")), {TypeUrl: "type.example/x"}}}
+	delta := &discoveryv3.DeltaDiscoveryResponse{SystemVersionInfo: "s", TypeUrl: resourcev3.EndpointType, Nonce: "n2",
+		Resources: []*discoveryv3.Resource{
+			{Name: "a", Version: "3", Resource: anyOf(cla("a", 2))},
+			{Name: "b", Version: "4", Resource: anyOf(cla("b", 0))},
+		},
+		RemovedResources: []string{"c", "d"}}
+	canary := proto.Clone(sotw).(*discoveryv3.DiscoveryResponse)
+	canary.Canary = true // a varint: protobuf's decode
+	aliased := proto.Clone(delta).(*discoveryv3.DeltaDiscoveryResponse)
+	aliased.Resources[1].Aliases = []string{"b2"} // a field decodeResource leaves to protobuf
+	for _, tc := range []struct {
+		name   string
+		m      proto.Message
+		byHand bool
+	}{
+		{"sotw", sotw, true}, {"delta", delta, true}, {"sotw with canary", canary, false}, {"delta with aliases", aliased, false},
+		{"empty sotw", &discoveryv3.DiscoveryResponse{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := proto.Marshal(tc.m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := tc.m.ProtoReflect().New().Interface()
+			if err := (responseCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, got); err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got, tc.m) {
+				t.Errorf("decoded %v, want %v", got, tc.m)
+			}
+			var byHand bool
+			switch m := tc.m.ProtoReflect().New().Interface().(type) {
+			case *discoveryv3.DiscoveryResponse:
+				byHand = decodeSotW(b, m)
+			case *discoveryv3.DeltaDiscoveryResponse:
+				byHand = decodeDelta(b, m)
+			}
+			if byHand != tc.byHand {
+				t.Errorf("decoded by hand: %v, want %v", byHand, tc.byHand)
+			}
+			if len(b) > 0 {
+				if err := (responseCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b[:len(b)-1])}, tc.m.ProtoReflect().New().Interface()); err == nil {
+					t.Error("a truncated response decoded")
+				}
+			}
+		})
+	}
+	bad := []byte{byte(sotwNonce<<3 | 2), 2, 0xff, 0xfe} // a nonce that is not UTF-8
+	if err := (responseCodec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(bad)}, &discoveryv3.DiscoveryResponse{}); err == nil {
+		t.Error("a response with a string that is not UTF-8 decoded")
+	}
+}
+
+// TestResponseKeyIgnoresOrder: a response names the same set in any
+// order, and a different one when a resource, a version, a removed name
+// or the protocol differs.
+func TestResponseKeyIgnoresOrder(t *testing.T) {
+	ss := newSets()
+	anyOf := func(name string) *anypb.Any {
+		a, err := anypb.New(eds(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a, b, c := anyOf("a"), anyOf("b"), anyOf("c")
+	v := func(s string) func(int) string { return func(int) string { return s } }
+	key := ss.responseKey(nil, true, []*anypb.Any{a, b}, v("1"), nil)
+	if got := ss.responseKey(nil, true, []*anypb.Any{b, a}, v("1"), nil); got != key {
+		t.Error("the order of the resources changes the key")
+	}
+	if ss.responseKey(nil, false, []*anypb.Any{a}, v("1"), []string{"x", "y"}) != ss.responseKey(nil, false, []*anypb.Any{a}, v("1"), []string{"y", "x"}) {
+		t.Error("the order of the removed names changes the key")
+	}
+	for name, other := range map[string]digest{
+		"another resource":  ss.responseKey(nil, true, []*anypb.Any{a, c}, v("1"), nil),
+		"one resource less": ss.responseKey(nil, true, []*anypb.Any{a}, v("1"), nil),
+		"one twice":         ss.responseKey(nil, true, []*anypb.Any{a, b, b}, v("1"), nil),
+		"another version":   ss.responseKey(nil, true, []*anypb.Any{a, b}, v("2"), nil),
+		"a removed name":    ss.responseKey(nil, true, []*anypb.Any{a, b}, v("1"), []string{"x"}),
+		"Delta":             ss.responseKey(nil, false, []*anypb.Any{a, b}, v("1"), nil),
+	} {
+		if other == key {
+			t.Errorf("%s: same key", name)
+		}
 	}
 }

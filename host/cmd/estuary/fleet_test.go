@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,7 +54,19 @@ import (
 //     of the convergence is the source, the debounce and the wire);
 //   - the reconnect storm (kube only, FLEET_STORM=0 skips it): the host is
 //     killed with SIGKILL and started again; the time from the restart
-//     until every client holds its full state once more.
+//     until every client holds its full state once more. The clients
+//     reconnect as Envoy does (see xdsload's retryBase): one connection
+//     attempt per stream, a full-jitter backoff from 500 ms doubling to
+//     30 s, not gRPC's channel backoff (1 s ×1.6 to 120 s), which no Envoy
+//     uses. The host binds its xDS port before it starts its plugins and
+//     holds the streams it accepts until it is ready, so a client that
+//     reconnects early waits on an open stream rather than backing off.
+//   - for the connect and the storm, the CPU seconds of the host and of
+//     this process, the load generator, which shares the machine.
+//
+// All clients start connecting at once, each from its own goroutine, as
+// proxies that lost their control plane do; the generator decodes each
+// distinct CDS response and CLA once, so its cost stays out of the host's.
 //
 // It fails if any client ever held a partial configuration (a required
 // cluster missing from CDS, an empty CLA) once it had been fully served,
@@ -64,8 +77,10 @@ import (
 //
 // FLEET_DEBOUNCE sets xds debounce_after (default 0s: off). FLEET_ESTUARY
 // runs another estuary binary (a build of an older commit, to compare in
-// one run). FLEET_PROFILE=DIR saves the host's CPU profile over the pushes
-// and its heap profile with every client served, from /debug/pprof.
+// one run). FLEET_PROFILE=DIR saves the host's CPU profiles over the
+// connect, the pushes and the storm and its heap profile with every
+// client served, from /debug/pprof, and this process's CPU profiles over
+// the connect and the storm (gen-cpu-*).
 func TestFleet(t *testing.T) {
 	cfg := fleetConfigFromEnv(t)
 	raiseFDLimit(t)
@@ -129,6 +144,12 @@ func fleetConfigFromEnv(t *testing.T) fleetConfig {
 	}
 	if c.services < fleetWatch {
 		t.Fatalf("FLEET_SERVICES=%d: want at least %d", c.services, fleetWatch)
+	}
+	if c.profile != "" {
+		// Made here, not found missing after minutes of connecting.
+		if err := os.MkdirAll(c.profile, 0o755); err != nil {
+			t.Fatalf("FLEET_PROFILE: %v", err)
+		}
 	}
 	return c
 }
@@ -229,6 +250,8 @@ func (r *fleetRun) start() {
 	if r.cfg.profile != "" {
 		profile = r.profileAsync("cpu-connect", "profile", 10*time.Second)
 	}
+	stopGen := r.profileSelf("gen-cpu-connect")
+	cpu := r.cpuNow()
 	t0 := time.Now()
 	f, err := xdsload.Start(context.Background(), xdsload.Options{
 		Addr: r.h.xds, Clients: r.cfg.clients, Protocol: xdsload.Mixed, Kind: xdsload.Sidecar,
@@ -241,7 +264,9 @@ func (r *fleetRun) start() {
 	r.fleet = f
 	t.Cleanup(f.Close)
 	r.waitServed("the initial state")
-	r.row("connect+initial state: %s for %d clients", time.Since(t0).Round(time.Millisecond), r.cfg.clients)
+	took := time.Since(t0)
+	stopGen()
+	r.row("connect+initial state: %s for %d clients; CPU %s", took.Round(time.Millisecond), r.cfg.clients, r.cpuSince(cpu))
 	if profile != nil {
 		profile()
 	}
@@ -416,17 +441,102 @@ func (r *fleetRun) storm() {
 		t.Fatal(err)
 	}
 	<-r.h.exited
+	stopGen := r.profileSelf("gen-cpu-storm")
+	self0 := selfCPU()
 	t0 := time.Now()
 	r.h = r.h.again()
+	var profile func()
+	if r.cfg.profile != "" {
+		// The new host's admin listener comes up with it; the profile
+		// starts as soon as it answers, off the storm's clock.
+		h := r.h
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for code, _ := h.get("/readyz"); code == 0; code, _ = h.get("/readyz") {
+				time.Sleep(5 * time.Millisecond)
+			}
+			r.profile("cpu-storm", "profile", 15*time.Second)
+		}()
+		profile = func() { <-done }
+	}
 	r.waitServed("the reconnect storm")
 	served := time.Since(t0)
+	stopGen()
+	cpu := fmt.Sprintf("host %.2f s (all of its life), generator %.2f s", cpuSeconds(t, r.h.cmd.Process.Pid), selfCPU()-self0)
+	if profile != nil {
+		profile()
+	}
 	ready := "?"
 	// The host is ready by now; /readyz turned 200 at most this late.
 	if code, _ := r.h.get("/readyz"); code == http.StatusOK {
 		ready = "ready"
 	}
-	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); streams %d, stream errors %d, problems %d",
-		r.cfg.clients, served.Round(time.Millisecond), ready, r.fleet.Stats().Streams, r.fleet.Stats().StreamErrors, r.fleet.Stats().Problems)
+	st := r.fleet.Stats()
+	r.row("reconnect storm: SIGKILL, restart → all %d clients served again in %s (%s); CPU %s; streams %d, stream errors %d (last: %q), refused by xds limits %s, problems %d",
+		r.cfg.clients, served.Round(time.Millisecond), ready, cpu, st.Streams, st.StreamErrors, st.LastStreamError, r.refusals(), st.Problems)
+}
+
+// refusals is the host's estuary_xds_limit_refusals_total by limit: a
+// client refused backs off, up to 30 s, which a storm's time shows.
+func (r *fleetRun) refusals() string {
+	_, b := r.h.get("/metrics")
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "estuary_xds_limit_refusals_total{") {
+			out = append(out, strings.TrimPrefix(l, "estuary_xds_limit_refusals_total"))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// cpuMark is the CPU seconds of the host and of this process (the load
+// generator) at one moment.
+type cpuMark struct{ host, self float64 }
+
+func (r *fleetRun) cpuNow() cpuMark {
+	return cpuMark{cpuSeconds(r.t, r.h.cmd.Process.Pid), selfCPU()}
+}
+
+func (r *fleetRun) cpuSince(m cpuMark) string {
+	n := r.cpuNow()
+	return fmt.Sprintf("host %.2f s, generator %.2f s", n.host-m.host, n.self-m.self)
+}
+
+// selfCPU is this process's user+system CPU seconds: the load
+// generator's, which shares the machine with the host.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// profileSelf starts a CPU profile of this process (the load generator)
+// into FLEET_PROFILE, if set, and returns what stops it.
+func (r *fleetRun) profileSelf(name string) (stop func()) {
+	if r.cfg.profile == "" {
+		return func() {}
+	}
+	out := filepath.Join(r.cfg.profile, fmt.Sprintf("%s-%s-%d.pprof", name, r.name, r.cfg.clients))
+	f, err := os.Create(out)
+	if err != nil {
+		r.t.Fatalf("profile: %v", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		r.t.Fatalf("profile %s: %v", out, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			r.t.Errorf("profile %s: %v", out, err)
+		}
+	}
 }
 
 // profile saves /debug/pprof/<path> of the host as FLEET_PROFILE/<name>-<source>.pprof.
