@@ -413,16 +413,7 @@ func pcts(ds []time.Duration) string {
 	return fmt.Sprintf("p50 %s p99 %s max %s", q(0.5).Round(100*time.Microsecond), q(0.99).Round(100*time.Microsecond), ds[len(ds)-1].Round(100*time.Microsecond))
 }
 
-// selfCPU is this process's CPU seconds: the load generator's.
-func selfCPU() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-// cpuSeconds is utime+stime of pid, from /proc/PID/stat.
+// pluginPIDs are the plugin processes the host runs, from /debug/pluginz.
 func (r *fleetRun) pluginPIDs() []int {
 	var ps pluginz
 	r.h.getJSON("/debug/pluginz", &ps)
