@@ -243,13 +243,7 @@ func TestKubernetesLocalityFailoverAnnotation(t *testing.T) {
 	bad := "yes"
 	annotate(&bad)
 	w.until("echo in one priority again", func(p priorities) bool { return spread(p, echoCluster, 2) })
-	const notice = "ignored, the service follows the mesh's locality_failover"
-	registryz := func() string { _, b := h.get("/debug/registryz"); return string(b) }
-	h.eventually("a notice about the bad annotation", 30*time.Second, func() bool {
-		return strings.Contains(registryz(), "Service default/echo") && strings.Contains(registryz(), notice)
-	})
-	annotate(nil)
-	h.eventually("the notice to go", 30*time.Second, func() bool { return !strings.Contains(registryz(), notice) })
+	h.noticeUntilFixed("Service default/echo", "ignored, the service follows the mesh's locality_failover", func() { annotate(nil) })
 }
 
 // TestConsulLocalityFailoverMeta: a real Consul agent; the service meta

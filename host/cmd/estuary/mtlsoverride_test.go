@@ -321,13 +321,7 @@ func TestKubernetesMTLSAnnotation(t *testing.T) {
 	bad := "strict"
 	annotate(&bad)
 	w.until("echo is auto mTLS again", func(cs map[string]wireCluster) bool { return cs[echoCluster].tls == model.ClusterTLSAuto })
-	const notice = "ignored, the service follows the mesh's mode"
-	registryz := func() string { _, b := h.get("/debug/registryz"); return string(b) }
-	h.eventually("a notice about the bad annotation", 30*time.Second, func() bool {
-		return strings.Contains(registryz(), "Service default/echo") && strings.Contains(registryz(), notice)
-	})
-	annotate(nil)
-	h.eventually("the notice to go", 30*time.Second, func() bool { return !strings.Contains(registryz(), notice) })
+	h.noticeUntilFixed("Service default/echo", "ignored, the service follows the mesh's mode", func() { annotate(nil) })
 }
 
 // TestConsulMTLSMeta: a real Consul agent; the service meta mtls_mode of
@@ -361,4 +355,17 @@ func TestConsulMTLSMeta(t *testing.T) {
 		t.Errorf("web's meta changed api's cluster")
 	}
 	agrees(t, "meta STRICT", h.clusterTLS(sidecarNode, web), after[web])
+}
+
+// noticeUntilFixed waits for /debug/registryz to hold a notice about
+// object, calls fix, and waits for the notice to go.
+func (h *host) noticeUntilFixed(object, notice string, fix func()) {
+	h.t.Helper()
+	registryz := func() string { _, b := h.get("/debug/registryz"); return string(b) }
+	h.eventually("a notice about "+object, 30*time.Second, func() bool {
+		r := registryz()
+		return strings.Contains(r, object) && strings.Contains(r, notice)
+	})
+	fix()
+	h.eventually("the notice about "+object+" to go", 30*time.Second, func() bool { return !strings.Contains(registryz(), notice) })
 }
