@@ -17,8 +17,6 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/estuary-mesh/estuary/host/model"
@@ -181,21 +179,13 @@ func routerEndpoints(t *testing.T, xdsAddr, id, network, cluster string) map[str
 // adsEndpoints is routerEndpoints for any node: id and metadata md.
 func adsEndpoints(t *testing.T, xdsAddr, id string, md map[string]any) map[string][]string {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
 	// The stream lives until the test ends, so that the node stays
 	// connected; only the wait for the first answers is bounded.
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	timeout := time.AfterFunc(30*time.Second, cancel)
 	defer timeout.Stop()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := openADS(t, ctx, xdsAddr)
 	meta, err := structpb.NewStruct(md)
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,6 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -42,15 +40,8 @@ type localityEDS struct {
 
 func watchLocalityEDS(t *testing.T, xdsAddr, id, region, zone string) *localityEDS {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := openADS(t, ctx, xdsAddr)
 	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "cluster1"})
 	node := &corev3.Node{Id: id, Metadata: meta, Locality: &corev3.Locality{Region: region, Zone: zone}}
 	w := &localityEDS{t: t, resps: make(chan priorities, 64)}
@@ -126,7 +117,6 @@ func watchLocalityEDS(t *testing.T, xdsAddr, id, region, zone string) *localityE
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		conn.Close()
 	})
 	return w
 }

@@ -15,8 +15,6 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
@@ -41,15 +39,8 @@ type cdsWatch struct {
 
 func watchCDS(t *testing.T, xdsAddr, id string) *cdsWatch {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := openADS(t, ctx, xdsAddr)
 	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "cluster1"})
 	node := &corev3.Node{Id: id, Metadata: meta}
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}); err != nil {
@@ -75,7 +66,6 @@ func watchCDS(t *testing.T, xdsAddr, id string) *cdsWatch {
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		conn.Close()
 	})
 	return w
 }

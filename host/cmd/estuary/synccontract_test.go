@@ -95,15 +95,8 @@ type edsWatch struct {
 
 func watchEDS(t testing.TB, xdsAddr, cluster string) *edsWatch {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := openADS(t, ctx, xdsAddr)
 	node := &corev3.Node{Id: "sidecar~10.1.0.9~client.default~default.svc.cluster.local"}
 	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}}
 	if err := stream.Send(req); err != nil {
@@ -111,7 +104,7 @@ func watchEDS(t testing.TB, xdsAddr, cluster string) *edsWatch {
 	}
 	w := &edsWatch{}
 	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done; conn.Close() })
+	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
 		for {
