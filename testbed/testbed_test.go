@@ -227,9 +227,20 @@ func TestConsulACLAndRestart(t *testing.T) {
 	if c.Addr != addr {
 		t.Fatalf("address moved from %s to %s", addr, c.Addr)
 	}
-	kv, _, err := client.KV().Get("estuary/test", nil)
-	if err != nil || kv == nil || string(kv.Value) != "kept" {
-		t.Fatalf("KV after restart: %v %v", kv, err)
+	// A restarted server answers before it has applied its log again: a
+	// read then finds nothing, without an error. A consistent read waits
+	// for the leader to be established; poll until it holds the value.
+	var kv *api.KVPair
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		kv, _, err = client.KV().Get("estuary/test", &api.QueryOptions{RequireConsistent: true})
+		if err == nil && kv != nil && string(kv.Value) == "kept" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("KV after restart: %v %v", kv, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	waitService(t, client, "db", 1)
 }
